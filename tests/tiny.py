@@ -1,0 +1,56 @@
+"""Tiny random models and samples for tests: real HF architectures, built from configs, fp32."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+from train.rows import Sample
+
+VOCAB = 96
+MASK_ID = 95
+FILLER_ID = 94
+EOT_ID = 93
+
+
+def tiny_config(arch: str = "qwen3", *, tied: bool = True, vocab: int = VOCAB):
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        tie_word_embeddings=tied,
+        # A wide init makes logits depend strongly on what each row sees, so a wrong mask shows.
+        initializer_range=0.2,
+    )
+    if arch == "qwen3":
+        return Qwen3Config(**common)
+    if arch == "llama":
+        return LlamaConfig(**common)
+    raise ValueError(arch)
+
+
+def tiny_model(arch: str = "qwen3", *, tied: bool = True, seed: int = 0, attn: str = "sdpa", vocab: int = VOCAB):
+    torch.manual_seed(seed)
+    cfg = tiny_config(arch, tied=tied, vocab=vocab)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=attn, dtype=torch.float32)
+    return model.eval()
+
+
+def random_sample(rng: random.Random, *, turns: int = 1, max_prompt: int = 9, max_resp: int = 13) -> Sample:
+    """Prompt / response turns of random ids; every response ends with the end-of-turn token."""
+    ids: list[int] = []
+    spans = []
+    for _ in range(turns):
+        ids += [rng.randrange(0, 90) for _ in range(rng.randint(1, max_prompt))]
+        start = len(ids)
+        ids += [rng.randrange(0, 90) for _ in range(rng.randint(0, max_resp - 1))] + [EOT_ID]
+        spans.append((start, len(ids)))
+    return Sample(ids, spans)

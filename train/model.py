@@ -1,0 +1,84 @@
+"""Runs a stock Hugging Face causal LM over two-stream rows and returns the block-diffusion loss.
+
+The wrapper owns no weights of its own: it feeds the HF decoder the noised row, the shared
+positions and the attention rule (a 4D boolean mask for SDPA, an additive mask for eager, a
+block-sparse `BlockMask` for flex attention), gathers hidden states at supervised rows only,
+and scores them with the output embedding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from train.attention_rule import dense_mask, flex_block_mask
+from train.config import BlockDiffusionConfig
+from train.loss import LossParts, combine_losses, liger_available, token_ce
+from train.rows import TwoStreamBatch
+
+SUPPORTED_LAYER_TYPES = {"full_attention"}
+
+
+def check_dense_model(model) -> None:
+    """Refuse architectures whose layers the dense path would get wrong, naming the reason."""
+    layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
+    if "sliding_attention" in layer_types:
+        raise NotImplementedError(
+            "sliding-window attention layers are not supported by the two-stream row yet; "
+            "use a model without sliding windows (e.g. Qwen3 with use_sliding_window=false)"
+        )
+    if layer_types - SUPPORTED_LAYER_TYPES:
+        raise NotImplementedError(
+            f"layer types {sorted(layer_types - SUPPORTED_LAYER_TYPES)} need the hybrid (gated-delta) path, "
+            "which this dense wrapper does not implement"
+        )
+    if getattr(model, "get_decoder", None) is None or model.get_output_embeddings() is None:
+        raise TypeError(f"{type(model).__name__} has no reachable decoder or output embedding")
+
+
+class TwoStreamLM(nn.Module):
+    def __init__(
+        self, model: nn.Module, cfg: BlockDiffusionConfig, *, fused_ce: bool | None = None, ce_chunk_rows: int = 2048
+    ):
+        super().__init__()
+        check_dense_model(model)
+        self.model = model
+        self.cfg = cfg
+        self.fused_ce = liger_available() if fused_ce is None else fused_ce
+        self.ce_chunk_rows = ce_chunk_rows
+
+    def attention_mask(self, batch: TwoStreamBatch):
+        rule = {"clean_causal": self.cfg.clean_causal, "within_block_causal": self.cfg.within_block_causal}
+        impl = getattr(self.model.config, "_attn_implementation", "sdpa")
+        if impl == "flex_attention":
+            return flex_block_mask(batch.meta, **rule)
+        mask = dense_mask(batch.meta, **rule)
+        if impl == "sdpa":
+            return mask
+        if impl == "eager":  # eager adds the mask to the scores: give it an additive one
+            dtype = self.model.get_input_embeddings().weight.dtype
+            return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+        raise NotImplementedError(f"attn_implementation={impl!r}: use 'sdpa' (CPU/GPU) or 'flex_attention' (CUDA)")
+
+    def hidden_states(self, batch: TwoStreamBatch) -> torch.Tensor:
+        out = self.model.get_decoder()(
+            input_ids=batch.input_ids,
+            attention_mask=self.attention_mask(batch),
+            position_ids=batch.position_ids,
+            use_cache=False,
+        )
+        return out.last_hidden_state
+
+    def logits(self, batch: TwoStreamBatch) -> torch.Tensor:
+        """Logits at every row, [B, T, V]: for tests and inspection, not for training."""
+        return self.model.get_output_embeddings()(self.hidden_states(batch))
+
+    def forward(self, batch: TwoStreamBatch, *, diff_norm=None, ar_norm=None) -> LossParts:
+        hidden = self.hidden_states(batch).flatten(0, 1)
+        weight = self.model.get_output_embeddings().weight
+        use_ar = self.cfg.ar_loss_weight > 0
+        index = torch.cat([batch.diff_index, batch.ar_index]) if use_ar else batch.diff_index
+        labels = torch.cat([batch.diff_labels, batch.ar_labels]) if use_ar else batch.diff_labels
+        ce = token_ce(hidden[index], weight, labels, chunk_rows=self.ce_chunk_rows, fused=self.fused_ce)
+        n_diff = batch.diff_index.numel()
+        return combine_losses(ce[:n_diff], batch.diff_rate, ce[n_diff:], self.cfg, diff_norm=diff_norm, ar_norm=ar_norm)
