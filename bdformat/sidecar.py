@@ -1,0 +1,81 @@
+"""`block_diffusion.json`: the block-diffusion facts a stock HF checkpoint directory carries (DESIGN 5)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+SIDECAR_NAME = "block_diffusion.json"
+FORMAT_VERSION = 1
+
+
+class SidecarError(ValueError):
+    """A checkpoint's sidecar is missing, malformed, of an unknown version, or disagrees with its tokenizer."""
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    bd_size: int
+    mask_id: int
+    mask_token: str = "<|mask|>"
+    ar_loss_weight: float = 0.0
+    shift: bool = True
+    clean_causal: bool = True
+    within_block_causal: bool = False
+    views: int = 2
+    base_model: str = ""
+    global_step: int = 0
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        ordered = {"format_version": data.pop("format_version"), **data}
+        return json.dumps(ordered, indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Sidecar:
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise SidecarError(
+                f"{SIDECAR_NAME}: format_version {version!r} is not one this bdstack reads ({FORMAT_VERSION}); "
+                "upgrade bdstack or re-export the checkpoint"
+            )
+        known = {f.name for f in fields(cls)}
+        missing = [k for k in ("bd_size", "mask_id") if k not in data]
+        if missing:
+            raise SidecarError(f"{SIDECAR_NAME}: missing required field(s) {missing}")
+        kept = {k: v for k, v in data.items() if k in known}
+        sc = cls(**kept)
+        if not isinstance(sc.bd_size, int) or sc.bd_size < 2:
+            raise SidecarError(f"{SIDECAR_NAME}: bd_size must be an integer >= 2, got {sc.bd_size!r}")
+        if not isinstance(sc.mask_id, int) or sc.mask_id < 0:
+            raise SidecarError(f"{SIDECAR_NAME}: mask_id must be a non-negative integer, got {sc.mask_id!r}")
+        return sc
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """Reject a sidecar whose mask token/id disagrees with the checkpoint's tokenizer."""
+        tid = tokenizer.get_vocab().get(self.mask_token)
+        if tid != self.mask_id:
+            raise SidecarError(
+                f"{SIDECAR_NAME}: mask_id {self.mask_id} disagrees with the tokenizer, where {self.mask_token!r} "
+                f"has id {tid}; the checkpoint's tokenizer and sidecar come from different runs"
+            )
+
+
+def write_sidecar(directory: str | os.PathLike, sidecar: Sidecar) -> None:
+    Path(directory, SIDECAR_NAME).write_text(sidecar.to_json())
+
+
+def read_sidecar(directory: str | os.PathLike) -> Sidecar:
+    path = Path(directory, SIDECAR_NAME)
+    if not path.is_file():
+        raise SidecarError(f"{path} not found: not a bdstack block-diffusion checkpoint (train one with train.py)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SidecarError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise SidecarError(f"{path}: expected a JSON object")
+    return Sidecar.from_dict(data)

@@ -1,0 +1,85 @@
+"""Rank-0 observability: a progress bar, metrics.jsonl, optional TensorBoard / Weights & Biases."""
+
+from __future__ import annotations
+
+import json
+import resource
+from pathlib import Path
+
+import torch
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # peak RSS, KiB -> MiB
+
+
+class RunLogger:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        enabled: bool,
+        max_steps: int,
+        start_step: int,
+        wandb_project: str | None = None,
+        tensorboard: bool = False,
+        config: dict | None = None,
+    ):
+        self.enabled = enabled
+        self.bar = self.tb = self.wandb = None
+        if not enabled:
+            return
+        from tqdm import tqdm
+
+        self.path = run_dir / "metrics.jsonl"
+        self.bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise SystemExit("--tensorboard needs the tensorboard package (pip install tensorboard)") from e
+            self.tb = SummaryWriter(str(run_dir / "tb"))
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError as e:
+                raise SystemExit("--wandb needs the wandb package (pip install wandb)") from e
+            self.wandb = wandb.init(project=wandb_project, config=config, dir=str(run_dir))
+
+    def step(self, record: dict | None) -> None:
+        """Advance one step; `record` (a log step's metrics) goes to every sink."""
+        if not self.enabled:
+            return
+        self.bar.update(1)
+        if record is None:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.bar.set_postfix(
+            loss=f"{record['loss']:.4f}",
+            diff=f"{record['diff']:.4f}",
+            ar=f"{record['ar']:.4f}",
+            lr=f"{record['lr']:.2e}",
+            tok_s=f"{record['tokens_per_s']:.0f}",
+            refresh=False,
+        )
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and key != "step":
+                if self.tb is not None:
+                    self.tb.add_scalar(key, value, record["step"])
+        if self.wandb is not None:
+            self.wandb.log(record, step=record["step"])
+
+    def write(self, msg: str) -> None:
+        if self.enabled:
+            self.bar.write(msg)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
