@@ -4,7 +4,7 @@ chat tokenizer and a tiny random Qwen3 model directory (loadable with from_pretr
     python -m data.make_demo OUT_DIR [--train 2000 --eval 200 --seed 0 --hidden 128 --layers 4]
 
 Tasks (the answer is a pure function of the question, so accuracy can be checked exactly):
-  add   "Add 4821 and 937."            -> "5758"
+  add   "Add 482 and 93."              -> "575"
   sort  "Sort: 7 3 9 1"                -> "1 3 7 9"
   copy  "Copy: qzkfe"                  -> "qzkfe"
   rev   "Reverse: abcde"               -> "edcba"
@@ -25,10 +25,10 @@ from data.toy_tokenizer import build_char_tokenizer
 def make_example(rng: random.Random) -> dict:
     kind = rng.choice(["add", "sort", "copy", "rev"])
     if kind == "add":
-        a, b = rng.randint(0, 99999), rng.randint(0, 99999)
+        a, b = rng.randint(0, 999), rng.randint(0, 999)
         q, ans = f"Add {a} and {b}.", str(a + b)
     elif kind == "sort":
-        xs = [rng.randint(0, 99) for _ in range(rng.randint(3, 8))]
+        xs = [rng.randint(0, 9) for _ in range(rng.randint(3, 7))]
         q, ans = "Sort: " + " ".join(map(str, xs)), " ".join(map(str, sorted(xs)))
     else:
         word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 12)))

@@ -1,0 +1,81 @@
+"""Checkpoints are atomic: a crash mid-save leaves the previous checkpoint and `latest` intact."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from bdformat.sidecar import Sidecar, SidecarError, read_sidecar
+from data.toy_tokenizer import build_char_tokenizer
+from tests.tiny import tiny_model
+from train.checkpoint import load_train_state, resolve_resume, save_checkpoint
+from train.config import BlockDiffusionConfig
+from train.model import TwoStreamLM
+from train.optim import build_optimizer
+from train.parallel import fsdp_shard, init_distributed
+
+
+@pytest.fixture
+def one_rank():
+    env = dict(os.environ)
+    info = init_distributed()
+    yield info
+    dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(env)
+
+
+class Crash(Exception):
+    pass
+
+
+def test_killed_save_leaves_previous_checkpoint_intact(one_rank, tmp_path):
+    tok = build_char_tokenizer()
+    lm = TwoStreamLM(tiny_model("qwen3", vocab=len(tok)), BlockDiffusionConfig(bd_size=4))
+    fsdp_shard(lm, lm.model.get_decoder().layers, None)
+    opt = build_optimizer(lm, lr=1e-3, weight_decay=0.0)
+    kw = dict(model=lm, optimizer=opt, tokenizer=tok, info=one_rank, save_dtype=torch.float32)
+    sc = Sidecar(bd_size=4, mask_id=0, global_step=1)
+    save_checkpoint(tmp_path, "step_1", sidecar=sc, trainer_state={"step": 1, "data_position": 7}, **kw)
+    snapshot = {k: v.full_tensor().clone() for k, v in lm.state_dict().items()}
+
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.add_(1.0)
+
+    def crash():
+        raise Crash
+
+    with pytest.raises(Crash):
+        save_checkpoint(
+            tmp_path, "step_2", sidecar=sc, trainer_state={"step": 2, "data_position": 9}, before_commit=crash, **kw
+        )
+    assert not (tmp_path / "step_2").exists() and (tmp_path / ".tmp-step_2").exists()
+    ckpt = resolve_resume(tmp_path)
+    assert ckpt.name == "step_1"
+    state = load_train_state(ckpt, lm, opt, one_rank)
+    assert state["step"] == 1 and state["data_position"] == 7
+    for k, v in lm.state_dict().items():
+        torch.testing.assert_close(v.full_tensor(), snapshot[k])
+    assert read_sidecar(ckpt).global_step == 1
+    # The next complete save of the same name replaces the debris.
+    save_checkpoint(tmp_path, "step_2", sidecar=sc, trainer_state={"step": 2, "data_position": 9}, **kw)
+    assert resolve_resume(tmp_path).name == "step_2" and not (tmp_path / ".tmp-step_2").exists()
+
+
+def test_sidecar_rejects_unknown_version_and_mismatched_mask(tmp_path):
+    tok = build_char_tokenizer()
+    tok.add_tokens(["<|mask|>"], special_tokens=True)
+    mid = tok.convert_tokens_to_ids("<|mask|>")
+    (tmp_path / "block_diffusion.json").write_text(Sidecar(bd_size=8, mask_id=mid).to_json())
+    read_sidecar(tmp_path).check_tokenizer(tok)
+    (tmp_path / "block_diffusion.json").write_text(Sidecar(bd_size=8, mask_id=mid - 1).to_json())
+    with pytest.raises(SidecarError, match="disagrees with the tokenizer"):
+        read_sidecar(tmp_path).check_tokenizer(tok)
+    (tmp_path / "block_diffusion.json").write_text('{"format_version": 9, "bd_size": 8, "mask_id": 1}')
+    with pytest.raises(SidecarError, match="format_version 9"):
+        read_sidecar(tmp_path)
+    (tmp_path / "block_diffusion.json").unlink()
+    with pytest.raises(SidecarError, match="not found"):
+        read_sidecar(tmp_path)

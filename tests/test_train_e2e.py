@@ -1,0 +1,98 @@
+"""train.py end to end on CPU: torchrun x2 + FSDP2, checkpoint, reload with stock HF classes."""
+
+import json
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from bdformat.sidecar import read_sidecar
+from tests.conftest import run_train
+
+COMMON = ["--bd_size", "4", "--max_length", "192", "--lr", "1e-3", "--log_every", "1"]
+
+
+def test_torchrun_two_ranks_trains_saves_and_reloads(demo_kit, tmp_path):
+    run = tmp_path / "run"
+    run_train(
+        [
+            "--model_id",
+            str(demo_kit / "base_model"),
+            "--dataset",
+            str(demo_kit / "train.jsonl"),
+            *COMMON,
+            "--pack",
+            "--max_steps",
+            "3",
+            "--save_every",
+            "2",
+            "--save_dir",
+            str(run),
+        ],
+        nproc=2,
+    )
+    assert (run / "latest").read_text().strip() == "final"
+    assert (run / "step_2" / "train_state" / "trainer_state.json").is_file()
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["diff_tokens"] > 0 and r["ar_tokens"] > 0 and r["tokens_per_s"] > 0 for r in records)
+    stats = json.loads((run / "data_stats.json").read_text())
+    assert stats["kept"] == 160 and stats["rows"] < 160  # packed
+
+    final = run / "final"
+    tok = AutoTokenizer.from_pretrained(final)
+    model = AutoModelForCausalLM.from_pretrained(final)
+    sc = read_sidecar(final)
+    sc.check_tokenizer(tok)
+    assert sc.mask_id == tok.convert_tokens_to_ids("<|mask|>") == len(tok) - 1
+    assert (sc.bd_size, sc.views, sc.clean_causal, sc.global_step, sc.ar_loss_weight) == (4, 2, True, 3, 0.2)
+    assert model.config.vocab_size > sc.mask_id
+    assert tok.chat_template and tok.convert_ids_to_tokens(tok.eos_token_id) == "<|im_end|>"
+
+    base = load_file(str(demo_kit / "base_model" / "model.safetensors"))
+    trained = load_file(str(final / "model.safetensors"))
+    emb = trained["model.embed_tokens.weight"]
+    assert not torch.equal(emb[: base["model.embed_tokens.weight"].shape[0]], base["model.embed_tokens.weight"])
+    assert torch.equal(model.get_output_embeddings().weight, model.get_input_embeddings().weight)
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([tok("<|im_start|>user\nAdd 1 and 2.")["input_ids"]]))
+    assert torch.isfinite(out.logits).all()
+
+
+def test_ar_only_then_block_diffusion_conversion(demo_kit, tmp_path):
+    ar = tmp_path / "ar"
+    run_train(
+        [
+            "--model_id",
+            str(demo_kit / "base_model"),
+            "--dataset",
+            str(demo_kit / "train.jsonl"),
+            *COMMON,
+            "--ar_only",
+            "--max_steps",
+            "2",
+            "--save_dir",
+            str(ar),
+        ]
+    )
+    assert not (ar / "final" / "block_diffusion.json").exists()
+    assert "<|mask|>" not in AutoTokenizer.from_pretrained(ar / "final").get_vocab()
+    bd = tmp_path / "bd"
+    run_train(
+        [
+            "--model_id",
+            str(ar / "final"),
+            "--dataset",
+            str(demo_kit / "train.jsonl"),
+            *COMMON,
+            "--max_steps",
+            "2",
+            "--multiturn",
+            "--within_block_causal",
+            "--save_dir",
+            str(bd),
+        ]
+    )
+    sc = read_sidecar(bd / "final")
+    assert sc.base_model == str(ar / "final") and sc.within_block_causal
+    sc.check_tokenizer(AutoTokenizer.from_pretrained(bd / "final"))
