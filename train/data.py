@@ -10,6 +10,7 @@ the turn), because only then does the row show the model what decoding will show
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -194,7 +195,9 @@ def load_samples(
     if progress:
         from tqdm import tqdm
 
-        records = tqdm(records, desc="tokenize", unit=" rec", dynamic_ncols=True)
+        records = tqdm(
+            records, desc="tokenize", unit=" rec", dynamic_ncols=True, mininterval=0.2 if sys.stderr.isatty() else 30.0
+        )
     for _, rec in records:
         stats.records += 1
         try:

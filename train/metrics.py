@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import resource
+import sys
 from pathlib import Path
 
 import torch
@@ -34,7 +35,16 @@ class RunLogger:
         from tqdm import tqdm
 
         self.path = run_dir / "metrics.jsonl"
-        self.bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        # In a terminal the bar redraws often; in a log file (CI, Slurm) it writes a line every 30 s.
+        interactive = sys.stderr.isatty()
+        self.bar = tqdm(
+            total=max_steps,
+            initial=start_step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=0.2 if interactive else 30.0,
+        )
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
