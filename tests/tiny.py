@@ -54,3 +54,40 @@ def random_sample(rng: random.Random, *, turns: int = 1, max_prompt: int = 9, ma
         ids += [rng.randrange(0, 90) for _ in range(rng.randint(0, max_resp - 1))] + [EOT_ID]
         spans.append((start, len(ids)))
     return Sample(ids, spans)
+
+
+def tiny_hybrid_config(*, tied: bool = True, vocab: int = VOCAB):
+    """A Qwen3.5 text config: three gated-delta layers then one full-attention layer."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=tied,
+        initializer_range=0.2,
+    )
+
+
+def tiny_hybrid_model(*, tied: bool = True, seed: int = 0, vocab: int = VOCAB):
+    torch.manual_seed(seed)
+    cfg = tiny_hybrid_config(tied=tied, vocab=vocab)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sdpa", dtype=torch.float32)
+    with torch.no_grad():
+        # Decays from strong to weak, so the state carries information across blocks, yet no cumulative
+        # log-decay so large that fp32 cumsums (ours and the stock 64-token chunks) lose digits.
+        for layer in model.get_decoder().layers:
+            if hasattr(layer, "linear_attn"):
+                layer.linear_attn.dt_bias.normal_(0.0, 1.0)
+                layer.linear_attn.A_log.uniform_(-3.0, 0.5)
+    return model.eval()

@@ -13,14 +13,15 @@ from torch import nn
 
 from train.attention_rule import dense_mask, flex_block_mask
 from train.config import BlockDiffusionConfig
+from train.hybrid import LINEAR_LAYER_TYPES, build_layout, is_hybrid, patch_gated_delta_layers
 from train.loss import LossParts, combine_losses, liger_available, token_ce
 from train.rows import TwoStreamBatch
 
-SUPPORTED_LAYER_TYPES = {"full_attention"}
+SUPPORTED_LAYER_TYPES = {"full_attention"} | LINEAR_LAYER_TYPES
 
 
-def check_dense_model(model) -> None:
-    """Refuse architectures whose layers the dense path would get wrong, naming the reason."""
+def check_supported_model(model) -> None:
+    """Refuse architectures whose layers the two-stream row would get wrong, naming the reason."""
     layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
     if "sliding_attention" in layer_types:
         raise NotImplementedError(
@@ -29,8 +30,8 @@ def check_dense_model(model) -> None:
         )
     if layer_types - SUPPORTED_LAYER_TYPES:
         raise NotImplementedError(
-            f"layer types {sorted(layer_types - SUPPORTED_LAYER_TYPES)} need the hybrid (gated-delta) path, "
-            "which this dense wrapper does not implement"
+            f"layer types {sorted(layer_types - SUPPORTED_LAYER_TYPES)} are not supported by the two-stream "
+            "row (supported: full attention, Qwen3.5-style gated-delta linear attention)"
         )
     if getattr(model, "get_decoder", None) is None or model.get_output_embeddings() is None:
         raise TypeError(f"{type(model).__name__} has no reachable decoder or output embedding")
@@ -41,7 +42,10 @@ class TwoStreamLM(nn.Module):
         self, model: nn.Module, cfg: BlockDiffusionConfig, *, fused_ce: bool | None = None, ce_chunk_rows: int = 2048
     ):
         super().__init__()
-        check_dense_model(model)
+        check_supported_model(model)
+        self.hybrid = is_hybrid(model.config)
+        if self.hybrid:  # gated-delta layers get the two-stream forward; the model is changed in place
+            patch_gated_delta_layers(model)
         self.model = model
         self.cfg = cfg
         self.fused_ce = liger_available() if fused_ce is None else fused_ce
@@ -60,10 +64,17 @@ class TwoStreamLM(nn.Module):
             return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
         raise NotImplementedError(f"attn_implementation={impl!r}: use 'sdpa' (CPU/GPU) or 'flex_attention' (CUDA)")
 
+    def gated_delta_layout(self, batch: TwoStreamBatch):
+        width = getattr(self.model.config, "linear_conv_kernel_dim", 4)
+        return build_layout(batch.meta, self.cfg, conv_width=width).to(batch.input_ids.device)
+
     def hidden_states(self, batch: TwoStreamBatch) -> torch.Tensor:
+        mask = self.attention_mask(batch)
+        if self.hybrid:
+            mask = {"full_attention": mask, "linear_attention": self.gated_delta_layout(batch)}
         out = self.model.get_decoder()(
             input_ids=batch.input_ids,
-            attention_mask=self.attention_mask(batch),
+            attention_mask=mask,
             position_ids=batch.position_ids,
             use_cache=False,
         )

@@ -17,7 +17,7 @@ from train.config import BlockDiffusionConfig
 from train.data import load_samples
 from train.loss import diffusion_weights, liger_available
 from train.metrics import RunLogger, peak_memory_mib
-from train.model import TwoStreamLM, check_dense_model
+from train.model import TwoStreamLM, check_supported_model
 from train.noise import noise_generator
 from train.optim import build_optimizer, build_scheduler, fast_forward
 from train.packing import RowStream, bucket_length, pack_first_fit
@@ -100,7 +100,7 @@ def _build_model(args, info: DistInfo, ids: SpecialIds, num_real, param_dtype, c
         cpu_model = AutoModelForCausalLM.from_pretrained(
             args.model_id, dtype=torch.float32, attn_implementation=attn, trust_remote_code=args.trust_remote_code
         )
-        check_dense_model(cpu_model)
+        check_supported_model(cpu_model)
         if num_real is not None:
             init_mask_rows(cpu_model, ids.mask_id, num_real)
         full_sd, buffers = cpu_model.state_dict(), non_persistent_buffers(cpu_model)
