@@ -43,12 +43,12 @@ def write_dataset(path: Path, n: int, seed: int) -> None:
             f.write(json.dumps(make_example(rng)) + "\n")
 
 
-def write_model(out: Path, *, hidden: int, layers: int, seed: int) -> None:
+def write_model(out: Path, *, hidden: int, layers: int, seed: int, arch: str = "qwen3") -> None:
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM, Qwen3_5TextConfig, Qwen3Config
 
     tok = build_char_tokenizer()
-    cfg = Qwen3Config(
+    common = dict(
         vocab_size=len(tok),
         hidden_size=hidden,
         intermediate_size=hidden * 3,
@@ -62,6 +62,18 @@ def write_model(out: Path, *, hidden: int, layers: int, seed: int) -> None:
         pad_token_id=tok.pad_token_id,
         bos_token_id=None,
     )
+    if arch == "qwen3":
+        cfg = Qwen3Config(**common)
+    else:  # hybrid: gated-delta layers with full attention every 4th layer (the Qwen3.5 pattern)
+        heads = max(1, hidden // 32)
+        cfg = Qwen3_5TextConfig(
+            **common,
+            linear_num_value_heads=heads,
+            linear_num_key_heads=max(1, heads // 2),
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            linear_conv_kernel_dim=4,
+        )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), dtype=torch.float32)
     model.save_pretrained(out)
@@ -76,11 +88,17 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument(
+        "--arch",
+        default="qwen3",
+        choices=["qwen3", "qwen3_5"],
+        help="dense Qwen3, or hybrid Qwen3.5 (gated-delta + full attention)",
+    )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     write_dataset(args.out / "train.jsonl", args.train, args.seed)
     write_dataset(args.out / "eval.jsonl", args.eval, args.seed + 1)
-    write_model(args.out / "base_model", hidden=args.hidden, layers=args.layers, seed=args.seed)
+    write_model(args.out / "base_model", hidden=args.hidden, layers=args.layers, seed=args.seed, arch=args.arch)
     print(f"wrote {args.out}/train.jsonl ({args.train}), eval.jsonl ({args.eval}), base_model/")
 
 

@@ -9,29 +9,21 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _make_kit(out: Path, *extra: str) -> Path:
+    cmd = [sys.executable, "-m", "data.make_demo", str(out), "--train", "160", "--eval", "10", "--hidden", "64"]
+    subprocess.run([*cmd, *extra], cwd=REPO, check=True, capture_output=True)
+    return out
+
+
 @pytest.fixture(scope="session")
 def demo_kit(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("kit")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "data.make_demo",
-            str(out),
-            "--train",
-            "160",
-            "--eval",
-            "10",
-            "--hidden",
-            "64",
-            "--layers",
-            "2",
-        ],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
-    return out
+    return _make_kit(tmp_path_factory.mktemp("kit"), "--layers", "2")
+
+
+@pytest.fixture(scope="session")
+def hybrid_kit(tmp_path_factory) -> Path:
+    """Tiny Qwen3.5 text model: three gated-delta layers, one full-attention layer."""
+    return _make_kit(tmp_path_factory.mktemp("hybrid_kit"), "--layers", "4", "--arch", "qwen3_5")
 
 
 def run_train(args: list[str], *, nproc: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:

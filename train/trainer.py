@@ -92,6 +92,9 @@ def _build_model(args, info: DistInfo, ids: SpecialIds, num_real, param_dtype, c
 
     attn = "flex_attention" if info.device.type == "cuda" else "sdpa"
     config = AutoConfig.from_pretrained(args.model_id, trust_remote_code=args.trust_remote_code)
+    if getattr(config, "text_config", None) is not None and getattr(config, "vocab_size", None) is None:
+        # A vision-language checkpoint (e.g. Qwen3_5ForConditionalGeneration): train its text model alone.
+        config = config.get_text_config()
     save_dtype = getattr(config, "dtype", None) or torch.float32
     if isinstance(save_dtype, str):
         save_dtype = getattr(torch, save_dtype)
