@@ -126,12 +126,14 @@ def two_stream_gated_delta(q, k, v, g, beta, layout: GatedDeltaLayout) -> torch.
     terms = chunk_terms(*(heads_first(x, st) for x in (q, k, v, g, beta)))
     state = q.new_zeros(lanes, H, q.shape[-1], dv)
     entry, seg_out = [], []
-    for j in range(segs):
-        tj = ChunkTerms(*(f[:, j] for f in vars(terms).values()))
+    per_seg = [ChunkTerms(*parts) for parts in zip(*(f.unbind(1) for f in vars(terms).values()))]
+    any_end = bool(layout.seg_end_readout.any())
+    for j, tj in enumerate(per_seg):
         causal, end = chunk_step(tj, state, block_end_readout=False)
-        readout = torch.where(layout.seg_end_readout[:, j, None, None, None], tj.q @ end, causal)
+        if any_end:  # block-causal clean stream: response blocks read their block-end state
+            causal = torch.where(layout.seg_end_readout[:, j, None, None, None], tj.q @ end, causal)
         entry.append(state)
-        seg_out.append(readout)
+        seg_out.append(causal)
         state = end
     seg_out = torch.stack(seg_out, 1).transpose(-2, -3)  # [lanes, segs, S, H, dv]
     real = st >= 0

@@ -25,8 +25,15 @@ def is_hybrid(config) -> bool:
     return bool(set(getattr(config, "layer_types", None) or []) & LINEAR_LAYER_TYPES)
 
 
-def build_layout(meta: TokenMeta, cfg: BlockDiffusionConfig, *, conv_width: int, chunk: int = 64) -> GatedDeltaLayout:
-    """Index maps for the gated-delta layers from the row metadata (see `GatedDeltaLayout`)."""
+def build_layout(
+    meta: TokenMeta, cfg: BlockDiffusionConfig, *, conv_width: int, chunk: int | None = None
+) -> GatedDeltaLayout:
+    """Index maps for the gated-delta layers from the row metadata (see `GatedDeltaLayout`).
+
+    Prompt text is cut into segments of `chunk` tokens (default: the block size, at least 16), so
+    prompt and block segments share one padded length and no compute goes to padding.
+    """
+    chunk = chunk or max(16, cfg.bd_size)
     B, T = meta.stream.shape
     m = TokenMeta(*(x.detach().cpu().reshape(-1) for x in meta))
     stream, doc, pos, blk, bstart = (x.tolist() for x in m)
