@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_mask, flex_attention
 
+from bdcore.attention_rule import dense_mask, flex_block_mask, flex_mask_mod
 from tests.tiny import FILLER_ID, MASK_ID, random_sample
-from train.attention_rule import dense_mask, flex_block_mask, flex_mask_mod
 from train.config import BlockDiffusionConfig
 from train.noise import noise_generator
 from train.rows import SpecialIds, build_batch

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bdformat.sidecar import Sidecar, SidecarError, read_sidecar
+from bdcore.sidecar import Sidecar, SidecarError, read_sidecar
 from data.toy_tokenizer import build_char_tokenizer
 from tests.tiny import tiny_model
 from train.checkpoint import load_train_state, resolve_resume, save_checkpoint

@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bdformat.sidecar import read_sidecar
+from bdcore.sidecar import read_sidecar
 from tests.conftest import run_train
 
 COMMON = ["--bd_size", "4", "--max_length", "192", "--lr", "1e-3", "--log_every", "1"]

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bdformat.sidecar import read_sidecar
+from bdcore.sidecar import read_sidecar
 from data.toy_tokenizer import build_char_tokenizer
 from tests.conftest import run_train
 from tests.tiny import tiny_hybrid_config

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from bdformat.sidecar import Sidecar, write_sidecar
+from bdcore.sidecar import Sidecar, write_sidecar
 from train.parallel import DistInfo
 
 TRAIN_STATE = "train_state"

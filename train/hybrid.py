@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
-from train.attention_rule import CLEAN_STREAM, TokenMeta
+from bdcore.attention_rule import CLEAN_STREAM, TokenMeta
 from train.config import BlockDiffusionConfig
 from train.gated_delta import GatedDeltaLayout, prepare_qk, two_stream_conv, two_stream_gated_delta
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from train.attention_rule import dense_mask, flex_block_mask
+from bdcore.attention_rule import dense_mask, flex_block_mask
 from train.config import BlockDiffusionConfig
 from train.hybrid import LINEAR_LAYER_TYPES, build_layout, is_hybrid, patch_gated_delta_layers
 from train.loss import LossParts, combine_losses, liger_available, token_ce

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from train.attention_rule import CLEAN_STREAM, PAD_STREAM, TokenMeta
+from bdcore.attention_rule import CLEAN_STREAM, PAD_STREAM, TokenMeta
 from train.config import BlockDiffusionConfig
 from train.noise import draw_masks
 

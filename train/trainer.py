@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bdformat.sidecar import Sidecar
+from bdcore.sidecar import Sidecar
 from train.checkpoint import load_train_state, resolve_resume, save_checkpoint
 from train.config import BlockDiffusionConfig
 from train.data import load_samples

@@ -1,0 +1,7 @@
+"""Semantics shared by `train/` and `inference/`, which never import each other.
+
+- `sidecar.py`: the one definition of `block_diffusion.json` (DESIGN section 5);
+- `attention_rule.py`: the one definition of who attends to whom (DESIGN section 3), used by the
+  training rows and by every decode forward of the native engine.
+Only torch is needed here (no transformers), so any backend can import it.
+"""
