@@ -91,3 +91,31 @@ def tiny_hybrid_model(*, tied: bool = True, seed: int = 0, vocab: int = VOCAB):
                 layer.linear_attn.dt_bias.normal_(0.0, 1.0)
                 layer.linear_attn.A_log.uniform_(-3.0, 0.5)
     return model.eval()
+
+
+def tiny_checkpoint(directory, *, arch: str = "qwen3", bd_size: int = 4, seed: int = 0, clean_causal: bool = True):
+    """A servable block-diffusion checkpoint: tiny random model, char tokenizer, <|mask|>, sidecar."""
+    from bdcore.sidecar import Sidecar, write_sidecar
+    from data.toy_tokenizer import build_char_tokenizer
+    from train.special_tokens import add_mask_token
+
+    tok = build_char_tokenizer()
+    model = (
+        tiny_hybrid_model(seed=seed, vocab=len(tok))
+        if arch == "qwen3_5"
+        else tiny_model(arch, seed=seed, vocab=len(tok))
+    )
+    mask_id = add_mask_token(model, tok)
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    write_sidecar(
+        directory,
+        Sidecar(
+            bd_size=bd_size,
+            mask_id=mask_id,
+            ar_loss_weight=0.2 if clean_causal else 0.0,
+            clean_causal=clean_causal,
+            base_model="tiny",
+        ),
+    )
+    return directory

@@ -4,63 +4,17 @@ from __future__ import annotations
 
 import torch
 
-MASK_TOKEN = "<|mask|>"
-
-# End-of-text spellings, tried in order when picking the filler that closes a response's last block.
-_END_OF_TEXT_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
-
-
-def _token_id(tokenizer, token: str | None) -> int | None:
-    if token is None:
-        return None
-    vocab = tokenizer.get_vocab()
-    return vocab.get(token)
-
-
-def end_of_turn_id(tokenizer) -> int:
-    """The token that closes an assistant turn in the chat template (falls back to eos).
-
-    Found by rendering a one-turn chat and taking the first special token after the reply's text,
-    because `eos_token` is not the end-of-turn token in every tokenizer.
-    """
-    if getattr(tokenizer, "chat_template", None):
-        marker = "bdstack reply"
-        msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}]
-        text = tokenizer.apply_chat_template(msgs, tokenize=False)
-        tail = text[text.rfind(marker) + len(marker) :]
-        tail_ids = tokenizer(tail, add_special_tokens=False)["input_ids"]
-        special = set(tokenizer.all_special_ids) | {
-            i for i, t in tokenizer.added_tokens_decoder.items() if getattr(t, "special", False)
-        }
-        for tid in tail_ids:
-            if tid in special:
-                return int(tid)
-    if tokenizer.eos_token_id is None:
-        raise ValueError("cannot tell the end-of-turn token: the tokenizer has no chat template and no eos_token")
-    return int(tokenizer.eos_token_id)
-
-
-def filler_id(tokenizer, eot_id: int) -> int:
-    """The filler of a response's last block: an end-of-text token that is not end-of-turn."""
-    names = [*_END_OF_TEXT_CANDIDATES, tokenizer.pad_token, tokenizer.eos_token, tokenizer.bos_token]
-    for name in names:
-        tid = _token_id(tokenizer, name)
-        if tid is not None and tid != eot_id and name != MASK_TOKEN:
-            return int(tid)
-    raise ValueError(
-        "no filler token: the tokenizer has no end-of-text/pad/eos/bos token distinct from the end-of-turn "
-        f"token (id {eot_id}); add one, e.g. tokenizer.add_special_tokens({{'pad_token': '<|endoftext|>'}})"
-    )
+from bdcore.tokens import MASK_TOKEN, end_of_turn_id, filler_id, token_id  # noqa: F401  (re-exported)
 
 
 def add_mask_to_tokenizer(tokenizer, token: str = MASK_TOKEN) -> tuple[int, int | None]:
     """Add `<|mask|>` to the tokenizer; return (its id, the number of real ids before it, or None if it existed)."""
-    existing = _token_id(tokenizer, token)
+    existing = token_id(tokenizer, token)
     if existing is not None:
         return int(existing), None
     num_real = len(tokenizer)
     tokenizer.add_tokens([token], special_tokens=True)
-    return int(_token_id(tokenizer, token)), num_real
+    return int(token_id(tokenizer, token)), num_real
 
 
 def vocab_rows_needed(config, mask_id: int) -> int:

@@ -1,0 +1,88 @@
+"""The decode rules of DESIGN section 6, backend-neutral: plain tensors in, decisions out.
+
+The native engine and the SGLang algorithms both call these, so the logic CI tests on CPU is the
+logic that runs on GPUs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+
+def commit_slots(confidence: torch.Tensor, masked: torch.Tensor, *, threshold: float, last_step: bool) -> torch.Tensor:
+    """Which canvas slots to commit this denoise step.
+
+    Every masked slot whose confidence exceeds `threshold`; at least one (the most confident masked
+    slot); every masked slot on the last allowed step. confidence, masked: [S] -> bool [S].
+    """
+    if last_step:
+        return masked.clone()
+    commit = masked & (confidence > threshold)
+    if masked.any() and not commit.any():
+        best = torch.where(masked, confidence, torch.full_like(confidence, -1.0)).argmax()
+        commit[best] = True
+    return commit
+
+
+def greedy_accept(drafts: torch.Tensor, ar_tokens: torch.Tensor) -> int:
+    """Number of leading drafts equal to the AR head's tokens at the same positions.
+
+    drafts: [n] proposed tokens for positions c+1..c+n; ar_tokens: [n + 1] AR argmax for c+1..c+n+1.
+    The caller emits drafts[:k] and then ar_tokens[k] (the correction, or the bonus token).
+    """
+    n = drafts.numel()
+    agree = (drafts == ar_tokens[:n]).int()
+    return int(agree.cumprod(0).sum()) if n else 0
+
+
+def speculative_accept(
+    drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None
+) -> tuple[int, int]:
+    """Speculative rejection sampling: output tokens follow the target distribution p exactly.
+
+    drafts: [n] tokens drawn from q [n, V]; p: [n + 1, V] target (AR) distributions for the same
+    positions plus the bonus one. Returns (k accepted drafts, the token to emit after them).
+    """
+    n = drafts.numel()
+    for i in range(n):
+        d = int(drafts[i])
+        ratio = float(p[i, d]) / max(float(q[i, d]), 1e-20)
+        u = float(torch.rand((), generator=generator))
+        if u >= min(1.0, ratio):
+            residual = (p[i] - q[i]).clamp_min(0)
+            total = float(residual.sum())
+            dist = residual / total if total > 0 else p[i]
+            return i, int(torch.multinomial(dist.cpu(), 1, generator=generator))
+    return n, int(torch.multinomial(p[n].cpu(), 1, generator=generator))
+
+
+def first_stop(tokens: list[int], stop_ids: set[int]) -> int | None:
+    """Index of the first end-of-turn / filler token, if any."""
+    for i, t in enumerate(tokens):
+        if t in stop_ids:
+            return i
+    return None
+
+
+@dataclass
+class DecodeStats:
+    """Tokens per forward counts every forward that produced the output, the prefill included."""
+
+    generated: int = 0
+    forwards: int = 0
+    accepted: Counter = field(default_factory=Counter)  # self-spec: drafts accepted per verify step
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.generated / self.forwards if self.forwards else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "generated_tokens": self.generated,
+            "forwards": self.forwards,
+            "tokens_per_forward": self.tokens_per_forward,
+            "accepted_histogram": {str(k): v for k, v in sorted(self.accepted.items())},
+        }

@@ -1,0 +1,219 @@
+"""The native decode engine: causal, diffusion and self-spec over one checkpoint (DESIGN section 6).
+
+One request at a time per engine (the server queues requests); batch size 1 keeps every mode
+exact. Each mode is a loop of `ModelRunner.forward` calls whose rows follow the training layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from inference.checkpoint import LoadedModel
+from inference.decode_rules import DecodeStats, commit_slots, first_stop, greedy_accept, speculative_accept
+from inference.runner import ModelRunner, Rows
+from inference.sampling import SamplingParams, draw, probabilities
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    mode: str = "causal"
+    block_size: int | None = None  # diffusion canvas (default: the checkpoint's bd_size)
+    threshold: float = 0.9  # diffusion: commit masked slots whose confidence exceeds this
+    steps: int | None = None  # diffusion: denoise steps per block (default: block_size - 1)
+    draft_len: int | None = None  # self-spec N (default and maximum: bd_size)
+    fuse_commit: bool = True  # diffusion: fuse block k's commit with block k+1's first denoise
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+class _Output:
+    """Collects emitted tokens; applies end-of-turn/filler, max_tokens and stop strings."""
+
+    def __init__(self, tokenizer, params: SamplingParams, stop_ids: frozenset[int], stats: DecodeStats):
+        self.tok, self.params, self.stop_ids, self.stats = tokenizer, params, stop_ids, stats
+        self.tokens: list[int] = []
+        self.finish: str | None = None
+        self.text = ""
+
+    def push(self, new: list[int]) -> bool:
+        """Add tokens the model produced; True once the output is finished."""
+        stop = first_stop(new, self.stop_ids)
+        room = self.params.max_tokens - len(self.tokens)
+        if stop is not None and stop < room:
+            self.stats.generated += stop + 1
+            self.tokens += new[:stop]
+            self.finish = "stop"
+        elif len(new) >= room:
+            self.stats.generated += room
+            self.tokens += new[:room]
+            self.finish = "length"
+        else:
+            self.stats.generated += len(new)
+            self.tokens += new
+        self.text = self.tok.decode(self.tokens, skip_special_tokens=True)
+        for s in self.params.stop:
+            at = self.text.find(s)
+            if at >= 0:
+                self.text, self.finish = self.text[:at], "stop"
+        return self.finish is not None
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, decode: DecodeConfig | None = None):
+        self.loaded = loaded
+        self.decode = decode or DecodeConfig()
+        loaded.check_mode(self.decode.mode)
+        sc = loaded.sidecar
+        self.runner = ModelRunner(
+            loaded.model,
+            banned=loaded.mask_id,
+            clean_causal=sc.clean_causal if sc else True,
+            within_block_causal=sc.within_block_causal if sc else False,
+        )
+
+    def _settings(self, decode: DecodeConfig) -> tuple[int, int, int]:
+        bd = self.loaded.sidecar.bd_size if self.loaded.sidecar else 1
+        block = decode.block_size or bd
+        steps = decode.steps or max(1, block - 1)
+        draft = decode.draft_len or bd
+        if draft > bd:
+            raise ValueError(f"draft_len {draft} exceeds the trained block size {bd}")
+        if block < 2 or draft < 2:
+            raise ValueError("block_size and draft_len must be >= 2")
+        return block, steps, draft
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, decode: DecodeConfig | None = None) -> Generation:
+        decode = decode or self.decode
+        self.loaded.check_mode(decode.mode)
+        gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
+        stats = DecodeStats()
+        out = _Output(self.loaded.tokenizer, params, self.loaded.stop_ids, stats)
+        self.runner.reset()
+        try:
+            if decode.mode == "causal":
+                self._causal(prompt_ids, params, gen, out)
+            elif decode.mode == "diffusion":
+                self._diffusion(prompt_ids, params, gen, out, decode)
+            else:
+                self._self_spec(prompt_ids, params, gen, out, decode)
+        finally:
+            self.runner.reset()
+        return Generation(out.tokens, out.text, out.finish or "length", stats)
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens and their distributions for rows of logits."""
+        probs = probabilities(logits, params, self.loaded.mask_id)
+        return (probs.argmax(-1) if params.greedy else draw(probs, gen)), probs
+
+    def _prefill(self, prompt_ids, params, gen, out) -> int:
+        logits = self.runner.forward(Rows().clean(prompt_ids, 0), keep=len(prompt_ids))
+        out.stats.forwards += 1
+        tok, _ = self._pick(logits[-1:], params, gen)
+        return int(tok[0])
+
+    # -- modes ----------------------------------------------------------------------------------
+    def _causal(self, prompt_ids, params, gen, out: _Output) -> None:
+        tok = self._prefill(prompt_ids, params, gen, out)
+        pos = len(prompt_ids)
+        while not out.push([tok]):
+            logits = self.runner.forward(Rows().clean([tok], pos), keep=1)
+            out.stats.forwards += 1
+            tok = int(self._pick(logits, params, gen)[0][0])
+            pos += 1
+
+    def _denoise_commit(self, logits_rows, canvas, masked, params, gen, decode, last_step) -> None:
+        """Fill masked slots s >= 1 from canvas rows s - 1 (row j predicts slot j + 1)."""
+        tokens, probs = self._pick(logits_rows, params, gen)
+        conf = probs.gather(-1, tokens[:, None]).squeeze(-1)
+        if params.greedy:  # one-hot probs: score by the plain softmax instead
+            conf = logits_rows.softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+        slot_masked = torch.tensor(masked[1:])
+        commit = commit_slots(conf.cpu(), slot_masked, threshold=decode.threshold, last_step=last_step)
+        for s in commit.nonzero().flatten().tolist():
+            canvas[s + 1] = int(tokens[s])
+            masked[s + 1] = False
+
+    def _diffusion(self, prompt_ids, params, gen, out: _Output, decode: DecodeConfig) -> None:
+        B, budget, _ = self._settings(decode)
+        mask = self.loaded.mask_id
+        block_causal = not self.runner.clean_causal
+        seed = self._prefill(prompt_ids, params, gen, out)
+        p = len(prompt_ids)
+        canvas, masked, steps = [seed] + [mask] * (B - 1), [False] + [True] * (B - 1), 0
+        while True:
+            while any(masked):
+                stop = first_stop(canvas, self.loaded.stop_ids)
+                if stop is not None and not any(masked[: stop + 1]):
+                    break  # the answer ends in this block and everything up to its end is decided
+                logits = self.runner.forward(Rows().canvas(canvas, p), keep=0)
+                out.stats.forwards += 1
+                steps += 1
+                self._denoise_commit(logits[:-1], canvas, masked, params, gen, decode, steps >= budget)
+            stop = first_stop(canvas, self.loaded.stop_ids)
+            if out.push(canvas[: stop + 1] if stop is not None else canvas):
+                return
+            if decode.fuse_commit:
+                rows = Rows().commit(canvas, p, block_causal=block_causal).canvas([mask] * B, p + B)
+                logits = self.runner.forward(rows, keep=B)
+                out.stats.forwards += 1
+                seed = int(self._pick(logits[B - 1 : B], params, gen)[0][0])
+                canvas, masked = [seed] + [mask] * (B - 1), [False] + [True] * (B - 1)
+                self._denoise_commit(logits[B:-1], canvas, masked, params, gen, decode, budget <= 1)
+                steps = 1
+            else:
+                logits = self.runner.forward(Rows().commit(canvas, p, block_causal=block_causal), keep=B)
+                out.stats.forwards += 1
+                seed = int(self._pick(logits[-1:], params, gen)[0][0])
+                canvas, masked, steps = [seed] + [mask] * (B - 1), [False] + [True] * (B - 1), 0
+            p += B
+
+    def _self_spec(self, prompt_ids, params, gen, out: _Output, decode: DecodeConfig) -> None:
+        _, _, N = self._settings(decode)
+        mask = self.loaded.mask_id
+        pending = self._prefill(prompt_ids, params, gen, out)
+        if out.push([pending]):
+            return
+        c = len(prompt_ids)  # cache length; `pending` sits at position c
+        drafts, q = None, None
+        while True:
+            if drafts is None:  # cold step: one AR token, drafts for the positions after it
+                logits = self.runner.forward(Rows().clean([pending], c).canvas([mask] * (N - 1), c + 1), keep=1)
+                out.stats.forwards += 1
+                tok = int(self._pick(logits[:1], params, gen)[0][0])
+                drafts_t, q = self._pick(logits[1:], params, gen)
+                drafts = drafts_t.tolist()
+                out.stats.accepted[0] += 1
+                emitted = [tok]
+                c += 1
+            else:  # warm step: verify N - 1 drafts, propose the next N - 1
+                rows = Rows().clean([pending, *drafts], c).canvas([mask] * (N - 1), c + N)
+                logits = self.runner.forward(rows, keep=N)
+                out.stats.forwards += 1
+                ar_tokens, p_dist = self._pick(logits[:N], params, gen)
+                d = torch.tensor(drafts)
+                if params.greedy:
+                    k = greedy_accept(d, ar_tokens.cpu())
+                    last = int(ar_tokens[k])
+                else:
+                    k, last = speculative_accept(d, q.cpu(), p_dist.cpu(), gen)
+                out.stats.accepted[k] += 1
+                emitted = drafts[:k] + [last]
+                self.runner.crop_to(c + 1 + k)  # pending + accepted drafts stay cached
+                c += 1 + k
+                if k == N - 1:
+                    drafts_t, q = self._pick(logits[N:], params, gen)
+                    drafts = drafts_t.tolist()
+                else:
+                    drafts = None
+            if out.push(emitted):
+                return
+            pending = emitted[-1]

@@ -1,0 +1,118 @@
+"""One model forward over new rows on top of the KV cache, with the shared attention rule.
+
+Every decode forward (prefill, causal step, denoise, fused commit + denoise, self-spec verify +
+draft) is a list of rows: clean rows (stream 0, causal like the AR model) followed by canvas rows
+(a noised block: stream 1, sees the clean context before its start and its whole canvas). The
+mask comes from `bdcore.attention_rule.visible`, the function the training rows use, with the
+cached tokens as clean keys. The first `keep` rows' keys and values stay in the cache; the rest
+are cropped, so a denoise forward persists nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from bdcore.attention_rule import CLEAN_STREAM, TokenMeta, visible
+
+CANVAS_STREAM = 1
+CANVAS_BLOCK = 1
+COMMIT_BLOCK = 2  # a committed block's clean rows, when the clean stream is block-causal
+
+
+@dataclass
+class Rows:
+    tokens: list[int] = field(default_factory=list)
+    stream: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
+    blk: list[int] = field(default_factory=list)
+    bstart: list[int] = field(default_factory=list)
+
+    def _add(self, tokens, start, stream, blk, block_start):
+        for i, t in enumerate(tokens):
+            self.tokens.append(int(t))
+            self.stream.append(stream)
+            self.pos.append(start + i)
+            self.blk.append(blk)
+            self.bstart.append(start if block_start else start + i)
+        return self
+
+    def clean(self, tokens: list[int], start: int) -> Rows:
+        """Causal clean rows (prompt, AR steps, self-spec verify rows)."""
+        return self._add(tokens, start, CLEAN_STREAM, -1, False)
+
+    def commit(self, tokens: list[int], start: int, *, block_causal: bool) -> Rows:
+        """A finished block's clean rows: causal, or block-causal when the checkpoint's clean stream is."""
+        return self._add(tokens, start, CLEAN_STREAM, COMMIT_BLOCK if block_causal else -1, block_causal)
+
+    def canvas(self, tokens: list[int], start: int) -> Rows:
+        """A noised block: sees the clean context before `start` and its whole canvas."""
+        return self._add(tokens, start, CANVAS_STREAM, CANVAS_BLOCK, True)
+
+
+class ModelRunner:
+    def __init__(self, model, *, banned: int | None, clean_causal: bool = True, within_block_causal: bool = False):
+        if "linear_attention" in set(getattr(model.config, "layer_types", None) or []):
+            raise NotImplementedError("the native engine does not serve hybrid (gated-delta) models yet")
+        self.model = model
+        self.banned = banned
+        self.clean_causal = clean_causal
+        self.within_block_causal = within_block_causal
+        self.device = next(model.parameters()).device
+        self.cache = None
+        self.length = 0
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+
+    def mask(self, rows: Rows) -> torch.Tensor:
+        c, Q = self.length, len(rows.tokens)
+        dev = self.device
+
+        def meta(stream, pos, blk, bstart):
+            s = torch.tensor(stream, device=dev)
+            t = [torch.tensor(x, device=dev) for x in (pos, blk, bstart)]
+            return TokenMeta(s, torch.zeros_like(s), *t)
+
+        q = meta(rows.stream, rows.pos, rows.blk, rows.bstart)
+        cached = list(range(c))  # committed tokens: clean keys, all before any new row's block
+        k = meta([CLEAN_STREAM] * c + rows.stream, cached + rows.pos, [-1] * c + rows.blk, cached + rows.bstart)
+        qi, ki = torch.arange(c, c + Q, device=dev), torch.arange(c + Q, device=dev)
+        allowed = visible(
+            TokenMeta(*(x[:, None] for x in q)),
+            TokenMeta(*(x[None, :] for x in k)),
+            qi[:, None],
+            ki[None, :],
+            clean_causal=self.clean_causal,
+            within_block_causal=self.within_block_causal,
+        )
+        return allowed[None, None]
+
+    @torch.no_grad()
+    def forward(self, rows: Rows, keep: int) -> torch.Tensor:
+        """Logits [Q, V] of `rows` (mask token banned); keep the first `keep` rows in the cache."""
+        Q = len(rows.tokens)
+        out = self.model(
+            input_ids=torch.tensor([rows.tokens], device=self.device),
+            position_ids=torch.tensor([rows.pos], device=self.device),
+            attention_mask=self.mask(rows),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        if keep < Q:
+            self.cache.crop(-(Q - keep))
+        self.length += keep
+        logits = out.logits[0].float()
+        if self.banned is not None:
+            logits[:, self.banned] = float("-inf")
+        return logits
+
+    def crop_to(self, length: int) -> None:
+        """Drop cached tokens past `length` (self-spec rollback of rejected drafts)."""
+        if length < self.length:
+            self.cache.crop(-(self.length - length))
+            self.length = length
