@@ -34,17 +34,27 @@ class Generation:
     stats: DecodeStats = field(default_factory=DecodeStats)
 
 
-class _Output:
-    """Collects emitted tokens; applies end-of-turn/filler, max_tokens and stop strings."""
+class Cancelled(Exception):
+    """The client went away; generation stops at the next emitted token."""
 
-    def __init__(self, tokenizer, params: SamplingParams, stop_ids: frozenset[int], stats: DecodeStats):
+
+class _Output:
+    """Collects emitted tokens; applies end-of-turn/filler, max_tokens and stop strings; streams text."""
+
+    def __init__(
+        self, tokenizer, params: SamplingParams, stop_ids: frozenset[int], stats: DecodeStats, on_text=None, cancel=None
+    ):
         self.tok, self.params, self.stop_ids, self.stats = tokenizer, params, stop_ids, stats
+        self.on_text, self.cancel = on_text, cancel
         self.tokens: list[int] = []
         self.finish: str | None = None
         self.text = ""
+        self.sent = 0  # characters already streamed
 
     def push(self, new: list[int]) -> bool:
         """Add tokens the model produced; True once the output is finished."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled
         stop = first_stop(new, self.stop_ids)
         room = self.params.max_tokens - len(self.tokens)
         if stop is not None and stop < room:
@@ -59,11 +69,25 @@ class _Output:
             self.stats.generated += len(new)
             self.tokens += new
         self.text = self.tok.decode(self.tokens, skip_special_tokens=True)
-        for s in self.params.stop:
-            at = self.text.find(s)
-            if at >= 0:
-                self.text, self.finish = self.text[:at], "stop"
+        cut = min((i for i in (self.text.find(s) for s in self.params.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.text, self.finish = self.text[:cut], "stop"
+        if self.on_text is not None:
+            safe = len(self.text) if self.finish else len(self.text) - self._held_back()
+            if safe > self.sent:
+                self.on_text(self.text[self.sent : safe])
+                self.sent = safe
         return self.finish is not None
+
+    def _held_back(self) -> int:
+        """Length of the text's tail that could still grow into a stop string (not streamed yet)."""
+        hold = 0
+        for s in self.params.stop:
+            for n in range(min(len(s) - 1, len(self.text)), hold, -1):
+                if self.text.endswith(s[:n]):
+                    hold = n
+                    break
+        return hold
 
 
 class Engine:
@@ -90,12 +114,22 @@ class Engine:
             raise ValueError("block_size and draft_len must be >= 2")
         return block, steps, draft
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, decode: DecodeConfig | None = None) -> Generation:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        decode: DecodeConfig | None = None,
+        *,
+        on_text=None,
+        cancel=None,
+    ) -> Generation:
+        """Decode one request. `on_text(delta)` streams text as it is committed; setting the
+        `cancel` event (threading.Event) stops the request with `Cancelled`."""
         decode = decode or self.decode
         self.loaded.check_mode(decode.mode)
         gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
         stats = DecodeStats()
-        out = _Output(self.loaded.tokenizer, params, self.loaded.stop_ids, stats)
+        out = _Output(self.loaded.tokenizer, params, self.loaded.stop_ids, stats, on_text, cancel)
         self.runner.reset()
         try:
             if decode.mode == "causal":

@@ -1,0 +1,46 @@
+"""Running totals for /metrics (Prometheus text format)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter = Counter()  # (endpoint, mode, status)
+        self.prompt_tokens = self.generated_tokens = self.forwards = 0
+        self.latency_sum = 0.0
+        self.latency_count = 0
+
+    def record(self, endpoint: str, mode: str, status: int, *, prompt_tokens=0, stats=None, latency=None) -> None:
+        with self._lock:
+            self.requests[(endpoint, mode, status)] += 1
+            self.prompt_tokens += prompt_tokens
+            if stats is not None:
+                self.generated_tokens += stats.generated
+                self.forwards += stats.forwards
+            if latency is not None:
+                self.latency_sum += latency
+                self.latency_count += 1
+
+    def render(self) -> str:
+        with self._lock:
+            lines = [
+                "# HELP bdstack_requests_total Requests by endpoint, decode mode and HTTP status.",
+                "# TYPE bdstack_requests_total counter",
+            ]
+            for (ep, mode, status), n in sorted(self.requests.items()):
+                lines.append(f'bdstack_requests_total{{endpoint="{ep}",mode="{mode}",status="{status}"}} {n}')
+            tpf = self.generated_tokens / self.forwards if self.forwards else 0.0
+            for name, kind, value, text in (
+                ("prompt_tokens_total", "counter", self.prompt_tokens, "Prompt tokens of served requests."),
+                ("generated_tokens_total", "counter", self.generated_tokens, "Tokens produced by the model."),
+                ("forwards_total", "counter", self.forwards, "Model forwards that produced them (prefill included)."),
+                ("tokens_per_forward", "gauge", tpf, "generated_tokens_total / forwards_total."),
+                ("request_latency_seconds_sum", "counter", self.latency_sum, "Total latency of finished requests."),
+                ("request_latency_seconds_count", "counter", self.latency_count, "Finished requests."),
+            ):
+                lines += [f"# HELP bdstack_{name} {text}", f"# TYPE bdstack_{name} {kind}", f"bdstack_{name} {value}"]
+            return "\n".join(lines) + "\n"

@@ -1,0 +1,270 @@
+"""OpenAI-compatible HTTP server over the native engine (FastAPI + uvicorn).
+
+Requests queue on one lock: the engine decodes one request at a time (batch size 1 keeps every
+mode exact). Generation runs in a worker thread; streaming deltas cross to the event loop through
+an asyncio queue. A client that disconnects mid-stream cancels its request at the next token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import replace
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from inference.checkpoint import CheckpointError, LoadedModel
+from inference.engine import Cancelled, DecodeConfig, Engine
+from inference.metrics import ServerMetrics
+from inference.protocol import APIError, chat_prompt_ids, completion_prompt_ids, new_id, now, sampling_params, usage
+
+
+def create_app(
+    loaded: LoadedModel,
+    decode: DecodeConfig,
+    *,
+    model_name: str,
+    api_key: str | None = None,
+    default_max_tokens: int = 512,
+) -> FastAPI:
+    engine = Engine(loaded, decode)
+    metrics = ServerMetrics()
+    lock = asyncio.Lock()
+    max_context = getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30
+    app = FastAPI(title="bdstack", version="0.1.0")
+    app.state.engine, app.state.metrics = engine, metrics
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def _internal(_request, exc: Exception):
+        err = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+        return JSONResponse(err.body(), status_code=500)
+
+    def check_auth(request: Request) -> None:
+        if api_key and request.headers.get("authorization", "") != f"Bearer {api_key}":
+            raise APIError(
+                401,
+                "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+
+    async def read_body(request: Request) -> dict:
+        check_auth(request)
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(400, f"request body is not valid JSON: {e}") from e
+        if not isinstance(body, dict):
+            raise APIError(400, "request body must be a JSON object")
+        if body.get("model") not in (None, model_name):
+            raise APIError(
+                404,
+                f"model {body.get('model')!r} does not exist; this server serves {model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        return body
+
+    def request_decode(body: dict) -> DecodeConfig:
+        mode = body.get("mode", decode.mode)  # extension: per-request decode mode
+        try:
+            loaded.check_mode(mode)
+        except CheckpointError as e:
+            raise APIError(400, str(e), param="mode") from e
+        return replace(decode, mode=mode)
+
+    async def start_exclusive(fn) -> asyncio.Future:
+        """Run `fn` in a worker thread holding the engine lock; the lock is released when the thread
+        ends, not when the request's coroutine does (a disconnected client must not let a second
+        request into the engine while the first is still stopping)."""
+        await lock.acquire()
+        task = asyncio.ensure_future(asyncio.to_thread(fn))
+        task.add_done_callback(lambda _t: lock.release())
+        return task
+
+    async def run(kind: str, body: dict, prompt_ids: list[int], build, request: Request):
+        params = sampling_params(body, default_max_tokens=default_max_tokens)
+        dec = request_decode(body)
+        if len(prompt_ids) + params.max_tokens > max_context:
+            raise APIError(
+                400,
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                f"model's context of {max_context} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        rid, created, t0 = new_id("chatcmpl" if kind == "chat" else "cmpl"), now(), time.perf_counter()
+        if not body.get("stream"):
+            gen = await asyncio.shield(await start_exclusive(lambda: engine.generate(prompt_ids, params, dec)))
+            metrics.record(
+                kind, dec.mode, 200, prompt_tokens=len(prompt_ids), stats=gen.stats, latency=time.perf_counter() - t0
+            )
+            return JSONResponse(build.full(rid, created, gen, usage(len(prompt_ids), gen.stats)))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        loop, queue, cancel = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
+
+        def worker():
+            try:
+                gen = engine.generate(
+                    prompt_ids,
+                    params,
+                    dec,
+                    cancel=cancel,
+                    on_text=lambda d: loop.call_soon_threadsafe(queue.put_nowait, ("text", d)),
+                )
+                loop.call_soon_threadsafe(queue.put_nowait, ("done", gen))
+            except Cancelled:
+                loop.call_soon_threadsafe(queue.put_nowait, ("cancelled", None))
+            except Exception as e:  # surfaced to the client as a final error event
+                loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
+
+        async def events():
+            status = 200
+            try:
+                task = await start_exclusive(worker)
+                yield _sse(build.chunk(rid, created, {"role": "assistant", "content": ""}, None))
+                while True:
+                    kind_, item = await queue.get()
+                    if kind_ == "text":
+                        yield _sse(build.chunk(rid, created, {"content": item}, None))
+                        continue
+                    if kind_ == "done":
+                        yield _sse(build.chunk(rid, created, {}, item.finish_reason))
+                        if include_usage:
+                            yield _sse(build.usage_chunk(rid, created, usage(len(prompt_ids), item.stats)))
+                        metrics.record(
+                            kind,
+                            dec.mode,
+                            200,
+                            prompt_tokens=len(prompt_ids),
+                            stats=item.stats,
+                            latency=time.perf_counter() - t0,
+                        )
+                    else:
+                        status = 500
+                        yield _sse(APIError(500, f"generation failed: {item}", type="server_error").body())
+                    break
+                await task
+                yield "data: [DONE]\n\n"
+            finally:
+                cancel.set()  # client gone (or finished): stop the worker at its next token
+                if status != 200:
+                    metrics.record(kind, dec.mode, status)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_name, "mode": decode.mode}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_auth(request)
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": now(), "owned_by": "bdstack"}],
+        }
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        try:
+            body = await read_body(request)
+            return await run("chat", body, chat_prompt_ids(loaded.tokenizer, body), _Chat(model_name), request)
+        except APIError as e:
+            metrics.record("chat", "-", e.status)
+            raise
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        try:
+            body = await read_body(request)
+            return await run(
+                "completion", body, completion_prompt_ids(loaded.tokenizer, body), _Completion(model_name), request
+            )
+        except APIError as e:
+            metrics.record("completion", "-", e.status)
+            raise
+
+    return app
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+class _Chat:
+    def __init__(self, model: str):
+        self.model = model
+
+    def full(self, rid, created, gen, u):
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": self.model,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": gen.text}, "finish_reason": gen.finish_reason}
+            ],
+            "usage": u,
+        }
+
+    def chunk(self, rid, created, delta, finish):
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+
+    def usage_chunk(self, rid, created, u):
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": self.model,
+            "choices": [],
+            "usage": u,
+        }
+
+
+class _Completion(_Chat):
+    def full(self, rid, created, gen, u):
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": self.model,
+            "choices": [{"index": 0, "text": gen.text, "finish_reason": gen.finish_reason}],
+            "usage": u,
+        }
+
+    def chunk(self, rid, created, delta, finish):
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": self.model,
+            "choices": [{"index": 0, "text": delta.get("content", ""), "finish_reason": finish}],
+        }
+
+    def usage_chunk(self, rid, created, u):
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": self.model,
+            "choices": [],
+            "usage": u,
+        }

@@ -1,0 +1,184 @@
+"""The OpenAI-compatible server end to end through the `openai` client: modes, streaming, errors,
+concurrency, disconnects, metrics."""
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import uvicorn
+from openai import OpenAI
+
+from inference.checkpoint import load_checkpoint
+from inference.engine import DecodeConfig
+from inference.server import create_app
+from tests.tiny import tiny_checkpoint
+
+MODES = ("causal", "diffusion", "self-spec")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    loaded = load_checkpoint(tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), bd_size=4))
+    app = create_app(loaded, DecodeConfig(mode="self-spec"), model_name="tiny", api_key="sekret", default_max_tokens=16)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", app
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def client(server):
+    return OpenAI(base_url=server[0] + "/v1", api_key="sekret", max_retries=0)
+
+
+def raw(url, path, body=None, key="sekret", data=None):
+    req = urllib.request.Request(
+        url + path,
+        data=data if data is not None else (json.dumps(body).encode() if body is not None else None),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+MSG = [{"role": "user", "content": "Copy: abc"}]
+
+
+def test_health_and_models(server, client):
+    assert json.loads(raw(server[0], "/health")[1])["status"] == "ok"
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_chat_in_every_mode_reports_tokens_per_forward(client, mode):
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=12, extra_body={"mode": mode})
+    u = r.usage.model_extra
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert u["forwards"] >= 1 and u["tokens_per_forward"] == pytest.approx(
+        r.usage.completion_tokens / u["forwards"], abs=1e-3
+    )
+    if mode == "causal":
+        assert u["tokens_per_forward"] == 1.0
+
+
+def test_self_spec_equals_causal_through_the_server(client):
+    a = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=16, extra_body={"mode": "causal"})
+    b = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=16)
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_streaming_matches_non_streaming(client, mode):
+    full = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=14, extra_body={"mode": mode})
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=MSG,
+            max_tokens=14,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"mode": mode},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == full.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_completions_endpoint_and_stop_strings(client):
+    r = client.completions.create(model="tiny", prompt="<|im_start|>user\nhi<|im_end|>\n", max_tokens=10)
+    assert isinstance(r.choices[0].text, str) and r.usage.model_extra["tokens_per_forward"] > 0
+    full = client.completions.create(model="tiny", prompt="ab", max_tokens=10, extra_body={"mode": "causal"})
+    text = full.choices[0].text
+    if len(text) >= 3:
+        cut = client.completions.create(
+            model="tiny", prompt="ab", max_tokens=10, stop=[text[2:4]], extra_body={"mode": "causal"}
+        )
+        assert cut.choices[0].text == text[: text.find(text[2:4])] and cut.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    "path,body,data,status,code",
+    [
+        ("/v1/chat/completions", None, b"{not json", 400, None),
+        ("/v1/chat/completions", {"model": "other", "messages": MSG}, None, 404, "model_not_found"),
+        ("/v1/chat/completions", {"messages": MSG, "temperature": -1}, None, 400, None),
+        ("/v1/chat/completions", {"messages": MSG, "max_tokens": 10**6}, None, 400, "context_length_exceeded"),
+        ("/v1/chat/completions", {"messages": "hi"}, None, 400, None),
+        ("/v1/chat/completions", {"messages": MSG, "mode": "nope"}, None, 400, None),
+        ("/v1/chat/completions", {"messages": MSG, "n": 2}, None, 400, None),
+        ("/v1/completions", {"prompt": ""}, None, 400, None),
+    ],
+)
+def test_errors_have_openai_shape_and_server_keeps_serving(server, client, path, body, data, status, code):
+    got, text = raw(server[0], path, body, data=data)
+    assert got == status
+    err = json.loads(text)["error"]
+    assert err["message"] and err["type"]
+    if code:
+        assert err["code"] == code
+    assert client.chat.completions.create(model="tiny", messages=MSG, max_tokens=3).choices
+
+
+def test_api_key_is_required(server):
+    status, text = raw(server[0], "/v1/models", key="wrong")
+    assert status == 401 and json.loads(text)["error"]["code"] == "invalid_api_key"
+
+
+def test_concurrent_requests_are_correct(client):
+    def ask(i):
+        return (
+            client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": f"Copy: {i}"}],
+                max_tokens=10,
+                extra_body={"mode": MODES[i % 3]},
+            )
+            .choices[0]
+            .message.content
+        )
+
+    sequential = [ask(i) for i in range(6)]
+    with ThreadPoolExecutor(4) as pool:
+        parallel = list(pool.map(ask, range(6)))
+    assert parallel == sequential
+
+
+def test_client_disconnect_mid_stream_then_serving_goes_on(server, client):
+    stream = client.chat.completions.create(
+        model="tiny", messages=MSG, max_tokens=200, stream=True, extra_body={"mode": "causal"}
+    )
+    next(iter(stream))
+    stream.close()
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_metrics_report_running_totals(server, client):
+    client.chat.completions.create(model="tiny", messages=MSG, max_tokens=5, extra_body={"mode": "causal"})
+    status, text = raw(server[0], "/metrics")
+    assert status == 200
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}
+    assert values["bdstack_generated_tokens_total"] > 0 and values["bdstack_forwards_total"] > 0
+    assert values["bdstack_tokens_per_forward"] == pytest.approx(
+        values["bdstack_generated_tokens_total"] / values["bdstack_forwards_total"]
+    )
+    assert any(k.startswith("bdstack_requests_total") and 'status="404"' in k for k in values)
