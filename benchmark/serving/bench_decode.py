@@ -1,0 +1,162 @@
+"""Decode modes side by side through the server: accuracy, tokens per forward, tok/s, latency.
+
+    python -m benchmark.serving.bench_decode CKPT --prompts eval.jsonl [--num 100 --concurrency 1,4]
+    python -m benchmark.serving.bench_decode --base-url http://127.0.0.1:30000/v1 --prompts eval.jsonl
+
+Starts `inference/serve.py CKPT` (native engine) in a subprocess unless --base-url is given, then
+sends the same chat requests in every mode (per-request `mode`), at each concurrency, in one run.
+Prompts are chat JSONL lines (`messages`); when the last message is the assistant's, it is the
+reference answer and accuracy (exact match after strip) is reported. "same" is the share of outputs
+identical to causal mode's for the same prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_prompts(path: str, num: int) -> list[tuple[list[dict], str | None]]:
+    rows = []
+    for line in open(path):
+        msgs = json.loads(line)["messages"]
+        ref = msgs[-1]["content"] if msgs[-1]["role"] == "assistant" else None
+        rows.append((msgs[:-1] if ref is not None else msgs, ref))
+        if len(rows) == num:
+            break
+    return rows
+
+
+def start_server(ckpt: str, port: int, extra: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, str(REPO / "inference" / "serve.py"), ckpt, "--mode", "causal", "--port", str(port), *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit(f"server exited: {proc.stderr.read()[-2000:]}") from None
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("server did not come up in 120 s")
+
+
+def run_mode(client, model, prompts, mode, concurrency, max_tokens) -> dict:
+    def one(item):
+        msgs, _ = item
+        t0 = time.perf_counter()
+        r = client.chat.completions.create(
+            model=model, messages=msgs, max_tokens=max_tokens, temperature=0.0, extra_body={"mode": mode}
+        )
+        extra = r.usage.model_extra or {}
+        return (
+            r.choices[0].message.content,
+            r.usage.completion_tokens,
+            extra.get("forwards", 0),
+            time.perf_counter() - t0,
+        )
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(one, prompts))
+    wall = time.perf_counter() - t0
+    texts = [r[0] for r in results]
+    tokens, forwards, lat = sum(r[1] for r in results), sum(r[2] for r in results), [r[3] for r in results]
+    refs = [ref for _, ref in prompts]
+    acc = (
+        sum(t.strip() == ref for t, ref in zip(texts, refs)) / len(refs)
+        if all(r is not None for r in refs)
+        else float("nan")
+    )
+    q = statistics.quantiles(lat, n=10) if len(lat) > 1 else lat * 9
+    return {
+        "mode": mode,
+        "concurrency": concurrency,
+        "accuracy": acc,
+        "texts": texts,
+        "tokens_per_forward": tokens / forwards if forwards else float("nan"),
+        "tok_s": tokens / wall,
+        "tok_s_per_request": statistics.mean(r[1] / r[3] for r in results),
+        "p50": statistics.median(lat),
+        "p90": q[8],
+        "tokens": tokens,
+    }
+
+
+def main(argv=None) -> int:
+    from openai import OpenAI
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", nargs="?", help="checkpoint to serve (omit with --base-url)")
+    p.add_argument("--base-url", default=None)
+    p.add_argument("--api-key", default="none")
+    p.add_argument("--prompts", required=True, help="chat JSONL")
+    p.add_argument("--num", type=int, default=50)
+    p.add_argument("--modes", default="causal,diffusion,self-spec")
+    p.add_argument("--concurrency", default="1,4")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--server-args", default="", help="extra serve.py flags, e.g. '--threshold 0.8'")
+    args = p.parse_args(argv)
+    if not args.base_url and not args.checkpoint:
+        raise SystemExit("give a checkpoint to serve or --base-url of a running server")
+
+    proc = None
+    base_url = args.base_url
+    if base_url is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = start_server(args.checkpoint, port, args.server_args.split())
+        base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        client = OpenAI(base_url=base_url, api_key=args.api_key, max_retries=0, timeout=600)
+        model = client.models.list().data[0].id
+        prompts = load_prompts(args.prompts, args.num)
+        rows = []
+        for conc in map(int, args.concurrency.split(",")):
+            causal = None
+            for mode in args.modes.split(","):
+                r = run_mode(client, model, prompts, mode, conc, args.max_tokens)
+                causal = r if mode == "causal" else causal
+                r["same_as_causal"] = (
+                    sum(a == b for a, b in zip(r["texts"], causal["texts"])) / len(prompts) if causal else float("nan")
+                )
+                r["speedup"] = r["tok_s"] / causal["tok_s"] if causal else float("nan")
+                rows.append(r)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+    print(f"{len(prompts)} prompts, max_tokens {args.max_tokens}, greedy")
+    print(
+        "| mode | conc | accuracy | same as causal | tokens/forward | tok/s | tok/s vs causal | "
+        "tok/s per request | p50 s | p90 s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['mode']} | {r['concurrency']} | {r['accuracy']:.1%} | {r['same_as_causal']:.0%} | "
+            f"{r['tokens_per_forward']:.2f} | {r['tok_s']:.0f} | {r['speedup']:.2f}x | {r['tok_s_per_request']:.0f} | "
+            f"{r['p50']:.3f} | {r['p90']:.3f} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps([{k: v for k, v in r.items() if k != "texts"} for r in rows], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

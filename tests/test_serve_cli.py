@@ -1,0 +1,90 @@
+"""serve.py: backend choice and the command it builds for every mode and SGLang family."""
+
+import subprocess
+import sys
+
+import pytest
+
+from inference import serve
+from inference.sglang_launch import FAMILIES, load_family_config
+from tests.conftest import REPO
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sglang_family_dry_run_prints_the_launch_command(family, capsys):
+    assert (
+        serve.main(
+            [
+                "some/model",
+                "--mode",
+                family,
+                "--dry-run",
+                "--port",
+                "31000",
+                "--sglang-python",
+                "/opt/sg/bin/python",
+                "--",
+                "--tp",
+                "2",
+            ]
+        )
+        == 0
+    )
+    cmd = capsys.readouterr().out.split()
+    cfg = load_family_config(family)
+    assert cmd[:3] == ["/opt/sg/bin/python", "-m", "sglang.launch_server"]
+    assert cmd[cmd.index("--model-path") + 1] == "some/model" and cmd[cmd.index("--port") + 1] == "31000"
+    assert cmd[cmd.index("--dllm-algorithm") + 1] == cfg.algorithm
+    assert cmd[-2:] == ["--tp", "2"] and "--" not in cmd
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+
+
+def test_model_from_environment_and_missing_model(monkeypatch, capsys):
+    monkeypatch.setenv("BDSTACK_MODEL", "env/model")
+    assert serve.main(["--mode", "sdar", "--dry-run"]) == 0
+    assert "env/model" in capsys.readouterr().out
+    monkeypatch.delenv("BDSTACK_MODEL")
+    with pytest.raises(SystemExit, match="BDSTACK_MODEL"):
+        serve.main(["--mode", "sdar", "--dry-run"])
+
+
+def test_backend_choice():
+    assert serve.pick_backend("auto", "self-spec") == "native"  # no GPU / no sglang here
+    assert serve.pick_backend("auto", "llada2-0") == "sglang"
+    with pytest.raises(SystemExit, match="--backend sglang"):
+        serve.pick_backend("native", "sdar")
+    with pytest.raises(SystemExit, match="native engine"):
+        serve.main(["m", "--mode", "diffusion", "--backend", "sglang", "--dry-run"])
+
+
+def test_native_errors_are_clear(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "inference/serve.py", str(tmp_path), "--mode", "causal"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "no config.json" in proc.stderr
+
+
+def test_native_refuses_self_spec_on_a_block_causal_checkpoint(tmp_path):
+    from tests.tiny import tiny_checkpoint
+
+    tiny_checkpoint(tmp_path, clean_causal=False)
+    proc = subprocess.run(
+        [sys.executable, "inference/serve.py", str(tmp_path), "--mode", "self-spec"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "clean_causal" in proc.stderr
+
+
+def test_help_lists_modes_and_families():
+    out = subprocess.run(
+        [sys.executable, "inference/serve.py", "--help"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    for name in ("causal", "diffusion", "self-spec", *FAMILIES, "--dry-run", "--log", "--api-key"):
+        assert name in out
