@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bdcore.attention_rule import CLEAN_STREAM, TokenMeta, visible
+from inference.hybrid import DecodePlan, patch_for_decode
 
 CANVAS_STREAM = 1
 CANVAS_BLOCK = 1
@@ -53,9 +54,12 @@ class Rows:
 
 class ModelRunner:
     def __init__(self, model, *, banned: int | None, clean_causal: bool = True, within_block_causal: bool = False):
-        if "linear_attention" in set(getattr(model.config, "layer_types", None) or []):
-            raise NotImplementedError("the native engine does not serve hybrid (gated-delta) models yet")
         self.model = model
+        self.hybrid = "linear_attention" in set(getattr(model.config, "layer_types", None) or [])
+        self.linear_layers = patch_for_decode(model) if self.hybrid else []
+        n_layers = len(model.get_decoder().layers)
+        self.attn_layers = [i for i in range(n_layers) if i not in self.linear_layers]
+        self.plan: DecodePlan | None = None
         self.banned = banned
         self.clean_causal = clean_causal
         self.within_block_causal = within_block_causal
@@ -68,6 +72,8 @@ class ModelRunner:
 
         self.cache = DynamicCache(config=self.model.config)
         self.length = 0
+        self.states = {}  # gated-delta layers: committed conv + recurrent state
+        self.plan = None
 
     def mask(self, rows: Rows) -> torch.Tensor:
         c, Q = self.length, len(rows.tokens)
@@ -96,23 +102,41 @@ class ModelRunner:
     def forward(self, rows: Rows, keep: int) -> torch.Tensor:
         """Logits [Q, V] of `rows` (mask token banned); keep the first `keep` rows in the cache."""
         Q = len(rows.tokens)
+        mask = self.mask(rows)
+        if self.hybrid:
+            n_clean = sum(1 for s in rows.stream if s == CLEAN_STREAM)
+            self.plan = DecodePlan(n_clean, keep, not self.within_block_causal, self.states)
+            self.plan_base = self.length
+            mask = {"full_attention": mask, "linear_attention": self.plan}
         out = self.model(
             input_ids=torch.tensor([rows.tokens], device=self.device),
             position_ids=torch.tensor([rows.pos], device=self.device),
-            attention_mask=self.mask(rows),
+            attention_mask=mask,
             past_key_values=self.cache,
             use_cache=True,
         )
-        if keep < Q:
-            self.cache.crop(-(Q - keep))
+        self._crop_kv(Q - keep)
         self.length += keep
         logits = out.logits[0].float()
         if self.banned is not None:
             logits[:, self.banned] = float("-inf")
         return logits
 
+    def _crop_kv(self, n: int) -> None:
+        if n > 0:
+            for i in self.attn_layers:  # gated-delta layers keep their state in `self.states`
+                self.cache.layers[i].crop(-n)
+
     def crop_to(self, length: int) -> None:
-        """Drop cached tokens past `length` (self-spec rollback of rejected drafts)."""
-        if length < self.length:
-            self.cache.crop(-(self.length - length))
-            self.length = length
+        """Drop cached tokens past `length` (self-spec rollback of rejected drafts). Gated-delta layers
+        restore the state snapshotted after exactly that many tokens in the last forward."""
+        if length >= self.length:
+            return
+        if self.hybrid:
+            j = length - self.plan_base
+            if self.plan is None or j < 0:
+                raise ValueError("gated-delta state can only roll back within the last forward")
+            for i in self.linear_layers:
+                self.states[i] = self.plan.steps[i][j]
+        self._crop_kv(self.length - length)
+        self.length = length

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inference.runner import ModelRunner, Rows
-from tests.tiny import FILLER_ID, MASK_ID, random_sample, tiny_model
+from tests.tiny import FILLER_ID, MASK_ID, random_sample, tiny_hybrid_model, tiny_model
 from train.config import BlockDiffusionConfig
 from train.model import TwoStreamLM
 from train.noise import noise_generator
@@ -17,17 +17,26 @@ IDS = SpecialIds(mask_id=MASK_ID, filler_id=FILLER_ID)
 
 
 @pytest.mark.parametrize(
-    "arch,clean_causal,wbc", [("qwen3", True, False), ("llama", True, True), ("qwen3", False, False)]
+    "arch,clean_causal,wbc",
+    [
+        ("qwen3", True, False),
+        ("llama", True, True),
+        ("qwen3", False, False),
+        ("qwen3_5", True, False),
+        ("qwen3_5", True, True),
+    ],
 )
 def test_engine_canvas_logits_equal_training_logits(arch, clean_causal, wbc):
-    model = tiny_model(arch)
+    # Separate instances with equal weights: training and decode patch gated-delta layers differently.
+    model = tiny_hybrid_model() if arch == "qwen3_5" else tiny_model(arch)
+    engine_model = tiny_hybrid_model() if arch == "qwen3_5" else model
     cfg = BlockDiffusionConfig(
         bd_size=4, ar_loss_weight=0.2 if clean_causal else 0.0, clean_causal=clean_causal, within_block_causal=wbc
     )
     rng = random.Random(7)
     samples = [random_sample(rng, max_prompt=10, max_resp=14) for _ in range(3)]
     batch = build_batch([[s] for s in samples], cfg, IDS, noise_generator(3, 0, 0))
-    runner = ModelRunner(model, banned=None, clean_causal=clean_causal, within_block_causal=wbc)
+    runner = ModelRunner(engine_model, banned=None, clean_causal=clean_causal, within_block_causal=wbc)
     m = batch.meta
     checked = 0
     with torch.no_grad():

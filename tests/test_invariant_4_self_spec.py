@@ -16,7 +16,7 @@ from inference.sampling import SamplingParams
 from tests.tiny import tiny_checkpoint
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama"])
+@pytest.fixture(scope="module", params=["qwen3", "llama", "qwen3_5"])
 def loaded(request, tmp_path_factory):
     return load_checkpoint(tiny_checkpoint(tmp_path_factory.mktemp(request.param), arch=request.param, bd_size=4))
 
@@ -72,9 +72,14 @@ def test_state_after_k_accepted_equals_ar_state(loaded):
         ar = ModelRunner(model, banned=loaded.mask_id)
         ar.reset()
         ar.forward(Rows().clean(ids + [truth[0]] + drafts[:k], 0), keep=c + 1 + k)
-        for la, lb in zip(spec.cache.layers, ar.cache.layers):
+        assert spec.length == ar.length == c + 1 + k
+        for i in spec.attn_layers:
+            la, lb = spec.cache.layers[i], ar.cache.layers[i]
             torch.testing.assert_close(la.keys, lb.keys, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(la.values, lb.values, atol=1e-5, rtol=1e-5)
+        for i in spec.linear_layers:  # hybrid: recurrent and conv state after exactly k accepted drafts
+            torch.testing.assert_close(spec.states[i].rec, ar.states[i].rec, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(spec.states[i].conv, ar.states[i].conv, atol=1e-5, rtol=1e-5)
 
 
 def test_sampled_self_spec_follows_the_ar_distribution(loaded):
