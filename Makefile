@@ -38,7 +38,8 @@ demo: venv
 		--ar_loss_weight 0.5 --pack --max_length 1024 --micro_batch_size 2 --max_steps 500 --lr 2e-3 --warmup 20 \
 		--log_every 50 --save_dir $(DEMO_DIR)/bd
 	$(PY) -m data.demo_check $(DEMO_DIR)/ar/final $(DEMO_DIR)/kit/eval.jsonl --limit 100
-	$(PY) -m data.demo_check $(DEMO_DIR)/bd/final $(DEMO_DIR)/kit/eval.jsonl --limit 100
+	$(PY) -m benchmark.serving.bench_decode $(DEMO_DIR)/bd/final --prompts $(DEMO_DIR)/kit/eval.jsonl --num 100 \
+		--concurrency 1 --max-tokens 64 --json $(DEMO_DIR)/serving.json
 	@echo "AR checkpoint:              $(DEMO_DIR)/ar/final"
 	@echo "block-diffusion checkpoint: $(DEMO_DIR)/bd/final  (block_diffusion.json inside)"
 

@@ -180,9 +180,14 @@ class Engine:
         B, budget, _ = self._settings(decode)
         mask = self.loaded.mask_id
         block_causal = not self.runner.clean_causal
-        seed = self._prefill(prompt_ids, params, gen, out)
+        # The prefill is the prompt's commit forward: fuse it with block 1's first denoise step.
         p = len(prompt_ids)
-        canvas, masked, steps = [seed] + [mask] * (B - 1), [False] + [True] * (B - 1), 0
+        logits = self.runner.forward(Rows().clean(prompt_ids, 0).canvas([mask] * B, p), keep=p)
+        out.stats.forwards += 1
+        seed = int(self._pick(logits[p - 1 : p], params, gen)[0][0])
+        canvas, masked = [seed] + [mask] * (B - 1), [False] + [True] * (B - 1)
+        self._denoise_commit(logits[p : p + B - 1], canvas, masked, params, gen, decode, budget <= 1)
+        steps = 1
         while True:
             while any(masked):
                 stop = first_stop(canvas, self.loaded.stop_ids)
@@ -213,11 +218,16 @@ class Engine:
     def _self_spec(self, prompt_ids, params, gen, out: _Output, decode: DecodeConfig) -> None:
         _, _, N = self._settings(decode)
         mask = self.loaded.mask_id
-        pending = self._prefill(prompt_ids, params, gen, out)
+        # The prefill doubles as a cold step: its last row gives the first token (position c); a canvas whose
+        # seed slot is that still-unknown token proposes the drafts after it (rows c..c+N-2 -> c+1..c+N-1).
+        c = len(prompt_ids)  # cache length; `pending` sits at position c
+        logits = self.runner.forward(Rows().clean(prompt_ids, 0).canvas([mask] * N, c), keep=c)
+        out.stats.forwards += 1
+        pending = int(self._pick(logits[c - 1 : c], params, gen)[0][0])
+        drafts_t, q = self._pick(logits[c : c + N - 1], params, gen)
+        drafts = drafts_t.tolist()
         if out.push([pending]):
             return
-        c = len(prompt_ids)  # cache length; `pending` sits at position c
-        drafts, q = None, None
         while True:
             if drafts is None:  # cold step: one AR token, drafts for the positions after it
                 logits = self.runner.forward(Rows().clean([pending], c).canvas([mask] * (N - 1), c + 1), keep=1)

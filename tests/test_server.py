@@ -182,3 +182,20 @@ def test_metrics_report_running_totals(server, client):
         values["bdstack_generated_tokens_total"] / values["bdstack_forwards_total"]
     )
     assert any(k.startswith("bdstack_requests_total") and 'status="404"' in k for k in values)
+
+
+def test_chat_cli_one_shot_streaming_and_not(server, capsys):
+    from inference import chat
+
+    base = server[0] + "/v1"
+    assert chat.main([f"--base-url={base}", "--api-key=sekret", "--max-tokens=6", "Copy: ab"]) == 0
+    streamed = capsys.readouterr().out
+    assert (
+        chat.main(
+            [f"--base-url={base}", "--api-key=sekret", "--max-tokens=6", "--no-stream", "--mode=causal", "Copy: ab"]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert streamed.strip() == out.splitlines()[0].strip()
+    assert "tokens/forward" in out
