@@ -1,5 +1,6 @@
 """Shared fixtures: the offline demo kit (tiny Qwen3 + char tokenizer + synthetic chats)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,8 @@ def run_train(args: list[str], *, nproc: int = 1, timeout: int = 300) -> subproc
     if proc.returncode != 0:
         raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+def read_metrics(run: Path) -> dict[int, dict]:
+    """metrics.jsonl of a run directory, keyed by step."""
+    return {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}

@@ -5,11 +5,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import run_train
-
-
-def _metrics(run):
-    return {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+from tests.conftest import read_metrics, run_train
 
 
 def test_resume_continues_the_same_run(demo_kit, tmp_path):
@@ -37,7 +33,7 @@ def test_resume_continues_the_same_run(demo_kit, tmp_path):
     full, part = tmp_path / "full", tmp_path / "resumed"
     run_train([*common, "--save_every", "2", "--save_dir", str(full)], nproc=2)
     run_train([*common, "--save_dir", str(part), "--resume", str(full / "step_2")], nproc=2)
-    a, b = _metrics(full), _metrics(part)
+    a, b = read_metrics(full), read_metrics(part)
     assert sorted(b) == [3, 4]
     for step in (3, 4):
         for key in ("loss", "diff", "ar", "lr", "grad_norm"):

@@ -1,7 +1,6 @@
 """train.py on hybrid Qwen3.5 models: torchrun x2, reload, resume; a vision-language checkpoint trains text-only."""
 
 import copy
-import json
 
 import torch
 from safetensors.torch import load_file
@@ -9,12 +8,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bdcore.sidecar import read_sidecar
 from data.toy_tokenizer import build_char_tokenizer
-from tests.conftest import run_train
+from tests.conftest import read_metrics, run_train
 from tests.tiny import tiny_hybrid_config
-
-
-def _metrics(run):
-    return {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
 
 
 def test_hybrid_trains_reloads_and_resumes_exactly(hybrid_kit, tmp_path):
@@ -37,7 +32,7 @@ def test_hybrid_trains_reloads_and_resumes_exactly(hybrid_kit, tmp_path):
     full, part = tmp_path / "full", tmp_path / "resumed"
     run_train([*common, "--save_every", "2", "--save_dir", str(full)], nproc=2)
     run_train([*common, "--save_dir", str(part), "--resume", str(full / "step_2")], nproc=2)
-    a, b = _metrics(full), _metrics(part)
+    a, b = read_metrics(full), read_metrics(part)
     assert a[4]["loss"] < a[1]["loss"]
     for step in (3, 4):
         for key in ("loss", "diff", "ar", "grad_norm"):
