@@ -13,6 +13,7 @@ class ServerMetrics:
         self.prompt_tokens = self.generated_tokens = self.forwards = 0
         self.latency_sum = 0.0
         self.latency_count = 0
+        self.accepted: Counter = Counter()  # self-spec: verify steps by number of drafts accepted
 
     def record(self, endpoint: str, mode: str, status: int, *, prompt_tokens=0, stats=None, latency=None) -> None:
         with self._lock:
@@ -21,6 +22,7 @@ class ServerMetrics:
             if stats is not None:
                 self.generated_tokens += stats.generated
                 self.forwards += stats.forwards
+                self.accepted.update(stats.accepted)
             if latency is not None:
                 self.latency_sum += latency
                 self.latency_count += 1
@@ -43,4 +45,9 @@ class ServerMetrics:
                 ("request_latency_seconds_count", "counter", self.latency_count, "Finished requests."),
             ):
                 lines += [f"# HELP bdstack_{name} {text}", f"# TYPE bdstack_{name} {kind}", f"bdstack_{name} {value}"]
+            lines += [
+                "# HELP bdstack_self_spec_steps_total Self-spec steps by number of drafts accepted.",
+                "# TYPE bdstack_self_spec_steps_total counter",
+            ]
+            lines += [f'bdstack_self_spec_steps_total{{accepted="{k}"}} {n}' for k, n in sorted(self.accepted.items())]
             return "\n".join(lines) + "\n"

@@ -182,6 +182,7 @@ def test_metrics_report_running_totals(server, client):
         values["bdstack_generated_tokens_total"] / values["bdstack_forwards_total"]
     )
     assert any(k.startswith("bdstack_requests_total") and 'status="404"' in k for k in values)
+    assert any(k.startswith("bdstack_self_spec_steps_total") for k in values)
 
 
 def test_chat_cli_one_shot_streaming_and_not(server, capsys):
