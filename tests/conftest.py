@@ -1,5 +1,6 @@
 """Shared fixtures: the offline demo kit (tiny Qwen3 + char tokenizer + synthetic chats)."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -50,3 +51,40 @@ def run_train(args: list[str], *, nproc: int = 1, timeout: int = 300) -> subproc
 def read_metrics(run: Path) -> dict[int, dict]:
     """metrics.jsonl of a run directory, keyed by step."""
     return {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+
+
+@contextlib.contextmanager
+def native_server(checkpoint, *, api_key=None, mode="self-spec", max_tokens=16):
+    """The OpenAI-compatible server on a free localhost port, in a thread; yields (base_url, app)."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from inference.checkpoint import load_checkpoint
+    from inference.engine import DecodeConfig
+    from inference.server import create_app
+
+    app = create_app(
+        load_checkpoint(checkpoint),
+        DecodeConfig(mode=mode),
+        model_name="tiny",
+        api_key=api_key,
+        default_max_tokens=max_tokens,
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)

@@ -2,20 +2,14 @@
 concurrency, disconnects, metrics."""
 
 import json
-import socket
-import threading
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import uvicorn
 from openai import OpenAI
 
-from inference.checkpoint import load_checkpoint
-from inference.engine import DecodeConfig
-from inference.server import create_app
+from tests.conftest import native_server
 from tests.tiny import tiny_checkpoint
 
 MODES = ("causal", "diffusion", "self-spec")
@@ -23,21 +17,8 @@ MODES = ("causal", "diffusion", "self-spec")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    loaded = load_checkpoint(tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), bd_size=4))
-    app = create_app(loaded, DecodeConfig(mode="self-spec"), model_name="tiny", api_key="sekret", default_max_tokens=16)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", app
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with native_server(tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), bd_size=4), api_key="sekret") as srv:
+        yield srv
 
 
 @pytest.fixture
