@@ -5,6 +5,9 @@ gsm8k:    openai/gsm8k (main, test): `question`, `answer` ending in "#### <numbe
           number in the reply; accuracy is the flexible match.
 mmlu_pro: TIGER-Lab/MMLU-Pro (test): `question`, `options` (up to 10), `answer` (a letter), `category`.
           The reply's "answer is (X)" is read, else its last standalone option letter.
+ifeval:   google/IFEval (train): `key`, `prompt`, `instruction_id_list`, `kwargs`. Scored by lm-eval's own
+          IFEval checkers (`pip install "lm-eval[ifeval]"`; nltk fetches its punkt_tab data once, so the
+          first run needs network): prompt- and instruction-level accuracy, strict and loose.
 """
 
 from __future__ import annotations
@@ -94,7 +97,44 @@ class MMLUPro:
         }
 
 
-TASKS = {t.name: t for t in (GSM8K(), MMLUPro())}
+class IFEval:
+    name = "ifeval"
+    hub = ("google/IFEval", None, "train")
+
+    def __init__(self, checker=None):
+        self._checker = checker  # (doc, [response]) -> lm-eval's four metrics; injectable for tests
+
+    @property
+    def checker(self):
+        if self._checker is None:
+            try:
+                from lm_eval.tasks.ifeval.utils import process_results
+            except ImportError as e:
+                raise SystemExit('ifeval is scored by lm-eval: pip install "lm-eval[ifeval]"') from e
+            self._checker = process_results
+        return self._checker
+
+    def problem(self, i: int, row: dict) -> Problem:
+        doc = {k: row[k] for k in ("key", "prompt", "instruction_id_list", "kwargs")}
+        return Problem(str(row.get("key", i)), [{"role": "user", "content": row["prompt"]}], "", {"doc": doc})
+
+    def score(self, p: Problem, text: str) -> dict:
+        r = self.checker(p.meta["doc"], [text])
+        return {"correct": bool(r["prompt_level_strict_acc"]), **{k: r[k] for k in r}}
+
+    def aggregate(self, scores: list[dict]) -> dict:
+        n = max(1, len(scores))
+        inst = {k: [x for s in scores for x in s[k]] for k in ("inst_level_strict_acc", "inst_level_loose_acc")}
+        return {
+            "accuracy": sum(s["prompt_level_strict_acc"] for s in scores) / n,
+            "prompt_level_strict_acc": sum(s["prompt_level_strict_acc"] for s in scores) / n,
+            "prompt_level_loose_acc": sum(s["prompt_level_loose_acc"] for s in scores) / n,
+            "inst_level_strict_acc": sum(inst["inst_level_strict_acc"]) / max(1, len(inst["inst_level_strict_acc"])),
+            "inst_level_loose_acc": sum(inst["inst_level_loose_acc"]) / max(1, len(inst["inst_level_loose_acc"])),
+        }
+
+
+TASKS = {t.name: t for t in (GSM8K(), MMLUPro(), IFEval())}
 
 
 def load_problems(task, data_file: str | None) -> list[Problem]:

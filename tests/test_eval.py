@@ -112,3 +112,42 @@ def test_request_errors_are_counted_not_fatal(tmp_path):
 def test_bad_shard_is_a_clear_error():
     with pytest.raises(SystemExit, match="--shard"):
         evaluate.main(["gsm8k", "--shard", "3/2"])
+
+
+def test_ifeval_aggregates_the_four_standard_scores():
+    """lm-eval's IFEval checkers need nltk data from the network, so a stand-in with the same contract
+    (doc, [response]) -> four metrics checks our side: loading, prompting and the aggregation."""
+    from inference.eval_tasks import IFEval
+
+    def checker(doc, results):
+        text = results[0]
+        ok = [
+            text == text.lower() if i.startswith("change_case") else text.rstrip().endswith("bye")
+            for i in doc["instruction_id_list"]
+        ]
+        loose = [o or text.strip().lower().endswith("bye") for o in ok]
+        return {
+            "prompt_level_strict_acc": all(ok),
+            "inst_level_strict_acc": ok,
+            "prompt_level_loose_acc": all(loose),
+            "inst_level_loose_acc": loose,
+        }
+
+    task = IFEval(checker)
+    p = load_problems(task, FIX / "ifeval.jsonl")
+    assert p[1].messages[0]["content"].startswith("Say hi") and p[1].id == "2"
+    scores = [task.score(p[0], "hello there"), task.score(p[1], "hi, BYE")]
+    agg = task.aggregate(scores)
+    assert agg["prompt_level_strict_acc"] == 0.5 and agg["prompt_level_loose_acc"] == 1.0
+    assert agg["inst_level_strict_acc"] == pytest.approx(1 / 3) and agg["inst_level_loose_acc"] == 1.0
+    assert agg["accuracy"] == agg["prompt_level_strict_acc"]
+
+
+def test_ifeval_without_lm_eval_is_a_clear_error():
+    from inference.eval_tasks import IFEval
+
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        with pytest.raises(SystemExit, match="lm-eval"):
+            _ = IFEval().checker
