@@ -20,6 +20,7 @@ from inference.checkpoint import CheckpointError, LoadedModel
 from inference.engine import Cancelled, DecodeConfig, Engine
 from inference.metrics import ServerMetrics
 from inference.protocol import APIError, chat_prompt_ids, completion_prompt_ids, new_id, now, sampling_params, usage
+from inference.tool_calls import content_before_tool_call, parse_tool_calls
 
 
 def create_app(
@@ -101,12 +102,20 @@ def create_app(
                 code="context_length_exceeded",
             )
         rid, created, t0 = new_id("chatcmpl" if kind == "chat" else "cmpl"), now(), time.perf_counter()
+        tools_on = kind == "chat" and bool(body.get("tools"))
         if not body.get("stream"):
             gen = await asyncio.shield(await start_exclusive(lambda: engine.generate(prompt_ids, params, dec)))
             metrics.record(
                 kind, dec.mode, 200, prompt_tokens=len(prompt_ids), stats=gen.stats, latency=time.perf_counter() - t0
             )
-            return JSONResponse(build.full(rid, created, gen, usage(len(prompt_ids), gen.stats)))
+            body_out = build.full(rid, created, gen, usage(len(prompt_ids), gen.stats))
+            if tools_on:
+                content, calls = parse_tool_calls(gen.text)
+                if calls:
+                    choice = body_out["choices"][0]
+                    choice["message"].update(content=content, tool_calls=calls)
+                    choice["finish_reason"] = "tool_calls"
+            return JSONResponse(body_out)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         loop, queue, cancel = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
 
@@ -130,13 +139,26 @@ def create_app(
             try:
                 task = await start_exclusive(worker)
                 yield _sse(build.chunk(rid, created, {"role": "assistant", "content": ""}, None))
+                text, sent = "", 0  # with tools, a possible <tool_call> block is held back
                 while True:
                     kind_, item = await queue.get()
                     if kind_ == "text":
-                        yield _sse(build.chunk(rid, created, {"content": item}, None))
+                        text += item
+                        safe = content_before_tool_call(text) if tools_on else text
+                        if len(safe) > sent:
+                            yield _sse(build.chunk(rid, created, {"content": safe[sent:]}, None))
+                            sent = len(safe)
                         continue
                     if kind_ == "done":
-                        yield _sse(build.chunk(rid, created, {}, item.finish_reason))
+                        finish = item.finish_reason
+                        content, calls = parse_tool_calls(item.text) if tools_on else (item.text, [])
+                        if calls:
+                            deltas = [{"index": i, **c} for i, c in enumerate(calls)]
+                            yield _sse(build.chunk(rid, created, {"tool_calls": deltas}, None))
+                            finish = "tool_calls"
+                        elif len(item.text) > sent:  # held-back text that was no call after all
+                            yield _sse(build.chunk(rid, created, {"content": item.text[sent:]}, None))
+                        yield _sse(build.chunk(rid, created, {}, finish))
                         if include_usage:
                             yield _sse(build.usage_chunk(rid, created, usage(len(prompt_ids), item.stats)))
                         metrics.record(

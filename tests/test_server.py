@@ -181,3 +181,18 @@ def test_chat_cli_one_shot_streaming_and_not(server, capsys):
     out = capsys.readouterr().out
     assert streamed.strip() == out.splitlines()[0].strip()
     assert "tokens/forward" in out
+
+
+def test_requests_with_tools_are_served(client):
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "get_time", "description": "now", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
+    r = client.chat.completions.create(model="tiny", messages=MSG, tools=tools, max_tokens=6)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    chunks = list(client.chat.completions.create(model="tiny", messages=MSG, tools=tools, max_tokens=6, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        r.choices[0].message.content or ""
+    )
