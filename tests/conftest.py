@@ -54,25 +54,14 @@ def read_metrics(run: Path) -> dict[int, dict]:
 
 
 @contextlib.contextmanager
-def native_server(checkpoint, *, api_key=None, mode="self-spec", max_tokens=16):
-    """The OpenAI-compatible server on a free localhost port, in a thread; yields (base_url, app)."""
+def serve_app(app):
+    """Any ASGI app on a free localhost port, in a thread; yields its base URL."""
     import socket
     import threading
     import time
 
     import uvicorn
 
-    from inference.checkpoint import load_checkpoint
-    from inference.engine import DecodeConfig
-    from inference.server import create_app
-
-    app = create_app(
-        load_checkpoint(checkpoint),
-        DecodeConfig(mode=mode),
-        model_name="tiny",
-        api_key=api_key,
-        default_max_tokens=max_tokens,
-    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -84,7 +73,25 @@ def native_server(checkpoint, *, api_key=None, mode="self-spec", max_tokens=16):
             break
         time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}", app
+        yield f"http://127.0.0.1:{port}"
     finally:
         srv.should_exit = True
         thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def native_server(checkpoint, *, api_key=None, mode="self-spec", max_tokens=16):
+    """The OpenAI-compatible server for a checkpoint; yields (base_url, app)."""
+    from inference.checkpoint import load_checkpoint
+    from inference.engine import DecodeConfig
+    from inference.server import create_app
+
+    app = create_app(
+        load_checkpoint(checkpoint),
+        DecodeConfig(mode=mode),
+        model_name="tiny",
+        api_key=api_key,
+        default_max_tokens=max_tokens,
+    )
+    with serve_app(app) as url:
+        yield url, app
