@@ -115,15 +115,18 @@ def run_sglang(args, extra: list[str]) -> int:
     child = subprocess.Popen(
         cmd, stdout=subprocess.PIPE if log else None, stderr=subprocess.STDOUT if log else None, text=True
     )
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda s, _f: child.send_signal(s))
-    if log:
-        for line in child.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-            log.flush()
-        log.close()
-    return child.wait()
+    previous = {sig: signal.signal(sig, lambda s, _f: child.send_signal(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if log:
+            for line in child.stdout:
+                sys.stdout.write(line)
+                log.write(line)
+                log.flush()
+            log.close()
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_native(args, extra: list[str]) -> int:

@@ -88,3 +88,12 @@ def test_help_lists_modes_and_families():
     ).stdout
     for name in ("causal", "diffusion", "self-spec", *FAMILIES, "--dry-run", "--log", "--api-key"):
         assert name in out
+
+
+def test_log_tees_the_child_output(tmp_path, capsys):
+    """--log copies the SGLang process's output to a file (here the 'interpreter' is echo)."""
+    log = tmp_path / "sglang.log"
+    assert serve.main(["m", "--mode", "sdar", "--sglang-python", "/bin/echo", "--log", str(log)]) == 0
+    line = log.read_text().strip()
+    assert line.startswith("-m sglang.launch_server --model-path m") and "--dllm-algorithm" in line
+    assert line in capsys.readouterr().out
