@@ -16,6 +16,8 @@ from train.config import BlockDiffusionConfig
 from train.hybrid import LINEAR_LAYER_TYPES, build_layout, is_hybrid, patch_gated_delta_layers
 from train.loss import LossParts, combine_losses, liger_available, token_ce
 from train.rows import TwoStreamBatch
+from train.sparse_attention import NAME as SPARSE_SDPA
+from train.sparse_attention import register as register_sparse_sdpa
 
 SUPPORTED_LAYER_TYPES = {"full_attention"} | LINEAR_LAYER_TYPES
 
@@ -38,11 +40,25 @@ def check_supported_model(model) -> None:
 
 
 class TwoStreamLM(nn.Module):
+    """`cpu_block_sparse` (default: on when there is no CUDA and the model uses SDPA) switches the
+    model to the block-sparse SDPA of `train/sparse_attention.py`, which skips hidden key tiles."""
+
     def __init__(
-        self, model: nn.Module, cfg: BlockDiffusionConfig, *, fused_ce: bool | None = None, ce_chunk_rows: int = 2048
+        self,
+        model: nn.Module,
+        cfg: BlockDiffusionConfig,
+        *,
+        fused_ce: bool | None = None,
+        ce_chunk_rows: int = 2048,
+        cpu_block_sparse: bool | None = None,
     ):
         super().__init__()
         check_supported_model(model)
+        impl = getattr(model.config, "_attn_implementation", "sdpa")
+        if cpu_block_sparse is None:
+            cpu_block_sparse = impl == "sdpa" and not torch.cuda.is_available()
+        if cpu_block_sparse:
+            model.config._attn_implementation = register_sparse_sdpa()
         self.hybrid = is_hybrid(model.config)
         if self.hybrid:  # gated-delta layers get the two-stream forward; the model is changed in place
             patch_gated_delta_layers(model)
@@ -57,7 +73,7 @@ class TwoStreamLM(nn.Module):
         if impl == "flex_attention":
             return flex_block_mask(batch.meta, **rule)
         mask = dense_mask(batch.meta, **rule)
-        if impl == "sdpa":
+        if impl in ("sdpa", SPARSE_SDPA):
             return mask
         if impl == "eager":  # eager adds the mask to the scores: give it an additive one
             dtype = self.model.get_input_embeddings().weight.dtype
