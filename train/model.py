@@ -40,8 +40,9 @@ def check_supported_model(model) -> None:
 
 
 class TwoStreamLM(nn.Module):
-    """`cpu_block_sparse` (default: on when there is no CUDA and the model uses SDPA) switches the
-    model to the block-sparse SDPA of `train/sparse_attention.py`, which skips hidden key tiles."""
+    """`cpu_block_sparse` (default: on when there is no CUDA, the model uses SDPA and the rows have
+    noised views) switches the model to the block-sparse SDPA of `train/sparse_attention.py`, which
+    skips hidden key tiles."""
 
     def __init__(
         self,
@@ -55,8 +56,8 @@ class TwoStreamLM(nn.Module):
         super().__init__()
         check_supported_model(model)
         impl = getattr(model.config, "_attn_implementation", "sdpa")
-        if cpu_block_sparse is None:
-            cpu_block_sparse = impl == "sdpa" and not torch.cuda.is_available()
+        if cpu_block_sparse is None:  # AR-only rows are short causal documents: plain SDPA is faster there
+            cpu_block_sparse = impl == "sdpa" and not torch.cuda.is_available() and cfg.views > 0
         if cpu_block_sparse:
             model.config._attn_implementation = register_sparse_sdpa()
         self.hybrid = is_hybrid(model.config)
