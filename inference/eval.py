@@ -193,7 +193,7 @@ def main(argv=None) -> int:
     except (ValueError, AssertionError):
         raise SystemExit(f"eval.py: error: --shard {args.shard!r}: expected I/N with 0 <= I < N") from None
     s = run(args)
-    print(json.dumps({k: v for k, v in s.items() if k != "by_category"}, indent=2))
+    print(json.dumps(s, indent=2))
     return 0
 
 

@@ -5,6 +5,8 @@ gsm8k:    openai/gsm8k (main, test): `question`, `answer` ending in "#### <numbe
           number in the reply; accuracy is the flexible match.
 mmlu_pro: TIGER-Lab/MMLU-Pro (test): `question`, `options` (up to 10), `answer` (a letter), `category`.
           The reply's "answer is (X)" is read, else its last standalone option letter.
+chat:     any chat JSONL whose last message is the assistant's reference answer (`--data-file` only):
+          exact match after stripping whitespace (the demo kit's eval.jsonl is one).
 ifeval:   google/IFEval (train): `key`, `prompt`, `instruction_id_list`, `kwargs`. Scored by lm-eval's own
           IFEval checkers (`pip install "lm-eval[ifeval]"`; nltk fetches its punkt_tab data once, so the
           first run needs network): prompt- and instruction-level accuracy, strict and loose.
@@ -134,13 +136,38 @@ class IFEval:
         }
 
 
-TASKS = {t.name: t for t in (GSM8K(), MMLUPro(), IFEval())}
+class ChatExact:
+    name = "chat"
+    hub = None
+
+    def problem(self, i: int, row: dict) -> Problem:
+        msgs = row["messages"]
+        if not msgs or msgs[-1]["role"] != "assistant":
+            raise ValueError(f"chat task: row {i} does not end with the assistant's reference answer")
+        return Problem(str(row.get("id", i)), msgs[:-1], msgs[-1]["content"], {"task": row.get("task", "")})
+
+    def score(self, p: Problem, text: str) -> dict:
+        return {"correct": text.strip() == p.reference.strip(), "group": p.meta.get("task", "")}
+
+    def aggregate(self, scores: list[dict]) -> dict:
+        groups: dict[str, list[bool]] = {}
+        for s in scores:
+            groups.setdefault(s["group"], []).append(s["correct"])
+        return {
+            "accuracy": sum(s["correct"] for s in scores) / max(1, len(scores)),
+            "by_group": {k: sum(v) / len(v) for k, v in sorted(groups.items())},
+        }
+
+
+TASKS = {t.name: t for t in (GSM8K(), MMLUPro(), IFEval(), ChatExact())}
 
 
 def load_problems(task, data_file: str | None) -> list[Problem]:
     """Problems from a local JSONL (the hub dataset's schema) or from the hub via `datasets`."""
     if data_file:
         rows = [json.loads(line) for line in open(data_file) if line.strip()]
+    elif task.hub is None:
+        raise SystemExit(f"{task.name}: give --data-file (this task has no hub dataset)")
     else:
         try:
             import datasets

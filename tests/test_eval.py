@@ -154,3 +154,23 @@ def test_ifeval_without_lm_eval_is_a_clear_error():
         pass
     with pytest.raises(SystemExit, match="lm-eval"):
         _ = IFEval().checker
+
+
+def test_chat_exact_task(tmp_path):
+    task = TASKS["chat"]
+    f = tmp_path / "c.jsonl"
+    f.write_text(
+        json.dumps(
+            {
+                "messages": [{"role": "user", "content": "Copy: ab"}, {"role": "assistant", "content": "ab"}],
+                "task": "copy",
+            }
+        )
+        + "\n"
+    )
+    (p,) = load_problems(task, f)
+    assert p.messages == [{"role": "user", "content": "Copy: ab"}] and p.reference == "ab"
+    assert task.score(p, " ab\n")["correct"] and not task.score(p, "ba")["correct"]
+    assert task.aggregate([task.score(p, "ab"), task.score(p, "x")]) == {"accuracy": 0.5, "by_group": {"copy": 0.5}}
+    with pytest.raises(SystemExit, match="--data-file"):
+        load_problems(task, None)
