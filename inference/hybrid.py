@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from bdcore.gated_delta import prepare_qk
+
 
 @dataclass
 class LayerState:
@@ -44,14 +46,6 @@ def _step(S, q, k, v, g, beta):
     return S, torch.einsum("hkv,hk->hv", S, q)
 
 
-def _prepare(self, q, k):
-    rep = self.num_v_heads // q.shape[1]
-    q, k = q.repeat_interleave(rep, dim=1).float(), k.repeat_interleave(rep, dim=1).float()
-    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
-    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-    return q * q.shape[-1] ** -0.5, k
-
-
 def decode_forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
     plan: DecodePlan = attention_mask
     x = hidden_states[0]
@@ -67,7 +61,7 @@ def decode_forward(self, hidden_states, cache_params=None, attention_mask=None, 
     conv = F.conv1d(seq.t()[None], self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)[0].t()
     conv = F.silu(conv) if self.activation in ("silu", "swish") else getattr(F, self.activation)(conv)
     q, k, v = torch.split(conv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-    q, k = _prepare(self, q.reshape(Q, -1, self.head_k_dim), k.reshape(Q, -1, self.head_k_dim))
+    q, k = prepare_qk(q.reshape(Q, -1, self.head_k_dim), k.reshape(Q, -1, self.head_k_dim), self.num_v_heads)
     v = v.reshape(Q, -1, self.head_v_dim).float()
     beta = self.in_proj_b(x).sigmoid().float()
     g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)

@@ -50,3 +50,21 @@ def test_plain_forward_of_a_switched_model_is_unchanged():
             rtol=1e-5,
         )
     assert copy.deepcopy(switched.config)._attn_implementation == sparse_attention.NAME
+
+
+def test_a_new_mask_never_reuses_an_old_plan():
+    """Masks of one shape come and go every step; a plan must follow the mask object, not its address."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 40, 8) for _ in range(3))
+
+    class Module:
+        training = False
+
+    for seed in range(6):
+        g = torch.Generator().manual_seed(seed)
+        mask = torch.rand(1, 1, 40, 40, generator=g) < 0.3
+        mask |= torch.eye(40, dtype=torch.bool)  # every row sees something
+        got, _ = sparse_attention.sparse_sdpa_forward(Module(), q, k, v, mask)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
+        torch.testing.assert_close(got, want)
+        del mask

@@ -147,16 +147,3 @@ def two_stream_gated_delta(q, k, v, g, beta, layout: GatedDeltaLayout) -> torch.
         bout, _ = chunk_step(bterms, s0, block_end_readout=layout.noised_end_readout)
         out = out.index_copy(0, bt.flatten(), bout.transpose(-2, -3).flatten(0, 1))
     return out
-
-
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
-
-
-def prepare_qk(q: torch.Tensor, k: torch.Tensor, num_v_heads: int):
-    """Grouped heads, L2 norm and query scaling, as the gated-delta layers of Qwen3.5 apply them."""
-    if q.shape[-2] != num_v_heads:
-        rep = num_v_heads // q.shape[-2]
-        q, k = q.repeat_interleave(rep, dim=-2), k.repeat_interleave(rep, dim=-2)
-    q, k = l2norm(q.float()), l2norm(k.float())
-    return q * q.shape[-1] ** -0.5, k

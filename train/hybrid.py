@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 from bdcore.attention_rule import CLEAN_STREAM, TokenMeta
+from bdcore.gated_delta import prepare_qk
 from train.config import BlockDiffusionConfig
-from train.gated_delta import GatedDeltaLayout, prepare_qk, two_stream_conv, two_stream_gated_delta
+from train.gated_delta import GatedDeltaLayout, two_stream_conv, two_stream_gated_delta
 
 LINEAR_LAYER_TYPES = {"linear_attention"}
 

@@ -11,19 +11,22 @@ by every layer. Registered with transformers as attn_implementation "bdstack_spa
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
 NAME = "bdstack_sparse_sdpa"
 TILE = 128
-_plan_cache: dict = {}
+# The plan of the mask tensor currently in use. Keyed by the live tensor object (a weak reference),
+# never by its address: a later mask may be allocated at a freed mask's address with other contents.
+_plan_cache: dict = {"mask": None, "tile": None, "plan": None}
 
 
 def _plan(mask: torch.Tensor, tile: int):
     """Per batch row: [(q_start, q_end, key_index)] for the tiles of a [B, 1, T, T] bool mask."""
-    key = (mask.data_ptr(), tuple(mask.shape), tile)
-    if key not in _plan_cache:
-        _plan_cache.clear()  # one mask is live at a time (one forward); keep no stale plans
+    cached = _plan_cache["mask"]
+    if cached is None or cached() is not mask or _plan_cache["tile"] != tile:
         B, _, T, _ = mask.shape
         plans = []
         for b in range(B):
@@ -33,8 +36,8 @@ def _plan(mask: torch.Tensor, tile: int):
                 cols = mask[b, 0, qs:qe].any(0).nonzero().flatten()
                 tiles.append((qs, qe, cols))
             plans.append(tiles)
-        _plan_cache[key] = plans
-    return _plan_cache[key]
+        _plan_cache.update(mask=weakref.ref(mask), tile=tile, plan=plans)
+    return _plan_cache["plan"]
 
 
 def sparse_sdpa_forward(
