@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from inference.sampling import SamplingParams, pick
+
 
 def commit_slots(confidence: torch.Tensor, masked: torch.Tensor, *, threshold: float, last_step: bool) -> torch.Tensor:
     """Which canvas slots to commit this denoise step.
@@ -25,6 +27,41 @@ def commit_slots(confidence: torch.Tensor, masked: torch.Tensor, *, threshold: f
         best = torch.where(masked, confidence, torch.full_like(confidence, -1.0)).argmax()
         commit[best] = True
     return commit
+
+
+def denoise_step(
+    logits_rows: torch.Tensor,
+    canvas: list[int],
+    masked: list[bool],
+    params: SamplingParams,
+    generator,
+    *,
+    banned: int | None,
+    threshold: float,
+    last_step: bool,
+) -> None:
+    """One denoise step of a shifted canvas, in place: row j of `logits_rows` [S-1, V] predicts slot j + 1.
+
+    Masked slots get the row's token (argmax, or a draw when sampling) when `commit_slots` picks them;
+    confidence is the token's probability under the sampling distribution (the plain softmax when greedy).
+    """
+    tokens, probs = pick(logits_rows, params, banned, generator)
+    conf = probs.gather(-1, tokens[:, None]).squeeze(-1)
+    if params.greedy:  # one-hot probs: score by the plain softmax instead
+        conf = logits_rows.float().softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+    commit = commit_slots(conf.cpu(), torch.tensor(masked[1:]), threshold=threshold, last_step=last_step)
+    for s in commit.nonzero().flatten().tolist():
+        canvas[s + 1] = int(tokens[s])
+        masked[s + 1] = False
+
+
+def block_decided(canvas: list[int], masked: list[bool], stop_ids) -> bool:
+    """A canvas needs no more denoising: nothing is masked, or a stop token is committed with every slot
+    up to it decided (the answer ends in this block)."""
+    if not any(masked):
+        return True
+    stop = first_stop(canvas, stop_ids)
+    return stop is not None and not any(masked[: stop + 1])
 
 
 def greedy_accept(drafts: torch.Tensor, ar_tokens: torch.Tensor) -> int:

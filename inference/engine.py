@@ -11,9 +11,16 @@ from dataclasses import dataclass, field
 import torch
 
 from inference.checkpoint import LoadedModel
-from inference.decode_rules import DecodeStats, commit_slots, first_stop, greedy_accept, speculative_accept
+from inference.decode_rules import (
+    DecodeStats,
+    block_decided,
+    denoise_step,
+    first_stop,
+    greedy_accept,
+    speculative_accept,
+)
 from inference.runner import ModelRunner, Rows
-from inference.sampling import SamplingParams, draw, probabilities
+from inference.sampling import SamplingParams, pick
 
 
 @dataclass(frozen=True)
@@ -23,7 +30,7 @@ class DecodeConfig:
     threshold: float = 0.9  # diffusion: commit masked slots whose confidence exceeds this
     steps: int | None = None  # diffusion: denoise steps per block (default: block_size - 1)
     draft_len: int | None = None  # self-spec N (default and maximum: bd_size)
-    fuse_commit: bool = True  # diffusion: fuse block k's commit with block k+1's first denoise
+    fuse_commit: bool = True  # diffusion: fuse each commit (the prefill too) with the next block's first denoise
 
 
 @dataclass
@@ -145,8 +152,7 @@ class Engine:
     # -- helpers --------------------------------------------------------------------------------
     def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens and their distributions for rows of logits."""
-        probs = probabilities(logits, params, self.loaded.mask_id)
-        return (probs.argmax(-1) if params.greedy else draw(probs, gen)), probs
+        return pick(logits, params, self.loaded.mask_id, gen)
 
     def _prefill(self, prompt_ids, params, gen, out) -> int:
         logits = self.runner.forward(Rows().clean(prompt_ids, 0), keep=len(prompt_ids))
@@ -165,34 +171,37 @@ class Engine:
             pos += 1
 
     def _denoise_commit(self, logits_rows, canvas, masked, params, gen, decode, last_step) -> None:
-        """Fill masked slots s >= 1 from canvas rows s - 1 (row j predicts slot j + 1)."""
-        tokens, probs = self._pick(logits_rows, params, gen)
-        conf = probs.gather(-1, tokens[:, None]).squeeze(-1)
-        if params.greedy:  # one-hot probs: score by the plain softmax instead
-            conf = logits_rows.softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
-        slot_masked = torch.tensor(masked[1:])
-        commit = commit_slots(conf.cpu(), slot_masked, threshold=decode.threshold, last_step=last_step)
-        for s in commit.nonzero().flatten().tolist():
-            canvas[s + 1] = int(tokens[s])
-            masked[s + 1] = False
+        denoise_step(
+            logits_rows,
+            canvas,
+            masked,
+            params,
+            gen,
+            banned=self.loaded.mask_id,
+            threshold=decode.threshold,
+            last_step=last_step,
+        )
 
     def _diffusion(self, prompt_ids, params, gen, out: _Output, decode: DecodeConfig) -> None:
         B, budget, _ = self._settings(decode)
         mask = self.loaded.mask_id
         block_causal = not self.runner.clean_causal
-        # The prefill is the prompt's commit forward: fuse it with block 1's first denoise step.
+        # The prefill is the prompt's commit forward: fused with block 1's first denoise step, unless
+        # commits are unfused (then every block, the first included, starts from a visible seed).
         p = len(prompt_ids)
-        logits = self.runner.forward(Rows().clean(prompt_ids, 0).canvas([mask] * B, p), keep=p)
+        if decode.fuse_commit:
+            logits = self.runner.forward(Rows().clean(prompt_ids, 0).canvas([mask] * B, p), keep=p)
+        else:
+            logits = self.runner.forward(Rows().clean(prompt_ids, 0), keep=p)
         out.stats.forwards += 1
         seed = int(self._pick(logits[p - 1 : p], params, gen)[0][0])
         canvas, masked = [seed] + [mask] * (B - 1), [False] + [True] * (B - 1)
-        self._denoise_commit(logits[p : p + B - 1], canvas, masked, params, gen, decode, budget <= 1)
-        steps = 1
+        steps = 0
+        if decode.fuse_commit:
+            self._denoise_commit(logits[p : p + B - 1], canvas, masked, params, gen, decode, budget <= 1)
+            steps = 1
         while True:
-            while any(masked):
-                stop = first_stop(canvas, self.loaded.stop_ids)
-                if stop is not None and not any(masked[: stop + 1]):
-                    break  # the answer ends in this block and everything up to its end is decided
+            while not block_decided(canvas, masked, self.loaded.stop_ids):
                 logits = self.runner.forward(Rows().canvas(canvas, p), keep=0)
                 out.stats.forwards += 1
                 steps += 1

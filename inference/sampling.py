@@ -60,3 +60,11 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     flat = probs.reshape(-1, probs.shape[-1])
     tokens = torch.multinomial(flat.cpu(), 1, generator=generator).squeeze(-1)
     return tokens.reshape(probs.shape[:-1]).to(probs.device)
+
+
+def pick(
+    logits: torch.Tensor, params: SamplingParams, banned: int | None, generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and their distributions for rows of logits (argmax when greedy, else one draw per row)."""
+    probs = probabilities(logits, params, banned)
+    return (probs.argmax(-1) if params.greedy else draw(probs, generator)), probs

@@ -21,8 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):  # run as a script: the repository, not inference/, comes first on the path
+    # (inference/ on the path would let `import sglang` find our inference/sglang package)
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 NATIVE_MODES = ("causal", "diffusion", "self-spec")
 SGLANG_FAMILIES = ("sdar", "llada2-0", "llada2-1-speed", "llada2-1-quality")
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--threshold", type=float, default=0.9, help="diffusion commit confidence (default 0.9)")
     n.add_argument("--steps", type=int, default=None, help="diffusion denoise steps per block (default: block-1)")
     n.add_argument("--draft-len", type=int, default=None, help="self-spec N (default and max: trained bd_size)")
-    n.add_argument("--no-fuse-commit", action="store_true", help="diffusion: separate commit and denoise forwards")
+    n.add_argument("--no-fuse-commit", action="store_true", help="diffusion: unfused commit and prefill forwards")
     n.add_argument("--max-tokens", type=int, default=512, help="default max_tokens when a request gives none")
     s = p.add_argument_group("SGLang backend")
     s.add_argument(
@@ -69,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def pick_backend(backend: str, mode: str) -> str:
+def pick_backend(backend: str, mode: str, sglang_python: str | None = None) -> str:
+    """SGLang families always run in SGLang. Our modes: native unless asked, or unless `auto` finds an
+    SGLang environment (--sglang-python / $BDSTACK_SGLANG_PYTHON, or sglang importable here) and a GPU."""
     if mode in SGLANG_FAMILIES:
         if backend == "native":
             raise SystemExit(f"serve.py: error: --mode {mode} is served by upstream SGLang; use --backend sglang")
@@ -78,43 +81,51 @@ def pick_backend(backend: str, mode: str) -> str:
         return backend
     import torch
 
-    return "sglang" if importlib.util.find_spec("sglang") and torch.cuda.is_available() else "native"
+    from inference.sglang_launch import SGLANG_PYTHON_ENV
+
+    has_sglang = sglang_python or os.environ.get(SGLANG_PYTHON_ENV) or importlib.util.find_spec("sglang")
+    return "sglang" if has_sglang and torch.cuda.is_available() else "native"
+
+
+def sglang_command(args, extra: list[str]) -> list[str]:
+    from inference import sglang_launch as sl
+
+    python = sl.resolve_sglang_python(args.sglang_python)
+    where = dict(python=python, host=args.host, port=args.port, api_key=args.api_key)
+    if args.mode in SGLANG_FAMILIES:
+        cfg = sl.load_family_config(args.mode)
+        tmp = Path(tempfile.mkdtemp(prefix="bdstack-sglang-"))
+        algo = sl.write_algorithm_config(cfg, tmp) if cfg.algorithm_config else None
+        return sl.build_sglang_command(args.model, family=args.mode, extra_args=extra, algo_config_path=algo, **where)
+    if args.mode == "causal":  # a bdstack checkpoint is a stock HF model: plain SGLang serves it causally
+        cmd = [python, "-m", "sglang.launch_server", "--model-path", args.model, "--host", args.host]
+        cmd += ["--port", str(args.port)] + (["--api-key", args.api_key] if args.api_key else [])
+        return cmd + extra
+    settings = sl.bdstack_settings(
+        args.model,
+        args.mode,
+        block_size=args.block_size,
+        threshold=args.threshold,
+        steps=args.steps,
+        draft_len=args.draft_len,
+    )
+    path = Path(tempfile.mkdtemp(prefix="bdstack-sglang-")) / f"{settings.algorithm}.yaml"
+    return sl.build_bdstack_command(args.model, settings, path, extra_args=extra, **where)
 
 
 def run_sglang(args, extra: list[str]) -> int:
-    from inference.sglang_launch import (
-        build_sglang_command,
-        load_family_config,
-        resolve_sglang_python,
-        write_algorithm_config,
-    )
+    from inference.sglang_launch import child_environment
 
-    if args.mode not in SGLANG_FAMILIES:
-        raise SystemExit(
-            f"serve.py: error: --backend sglang serves the families {SGLANG_FAMILIES}; our own modes "
-            f"({', '.join(NATIVE_MODES)}) run on the native engine for now (--backend native)"
-        )
-    cfg = load_family_config(args.mode)
-    algo = (
-        write_algorithm_config(cfg, Path(tempfile.mkdtemp(prefix="bdstack-sglang-"))) if cfg.algorithm_config else None
-    )
-    cmd = build_sglang_command(
-        args.model,
-        family=args.mode,
-        python=resolve_sglang_python(args.sglang_python),
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
-        extra_args=extra,
-        algo_config_path=algo,
-    )
+    try:
+        cmd = sglang_command(args, extra)
+    except ValueError as e:
+        raise SystemExit(f"serve.py: error: {e}") from e
     if args.dry_run:
         print(" ".join(cmd))
         return 0
     log = open(args.log, "a") if args.log else None  # noqa: SIM115 (closed below)
-    child = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE if log else None, stderr=subprocess.STDOUT if log else None, text=True
-    )
+    pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT) if log else {}
+    child = subprocess.Popen(cmd, env=child_environment(), text=True, **pipe)
     previous = {sig: signal.signal(sig, lambda s, _f: child.send_signal(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         if log:
@@ -173,7 +184,7 @@ def main(argv=None) -> int:
         extra = extra[1:]
     if not args.model:
         raise SystemExit("serve.py: error: give a checkpoint directory (or set BDSTACK_MODEL)")
-    backend = pick_backend(args.backend, args.mode)
+    backend = pick_backend(args.backend, args.mode, args.sglang_python)
     return run_sglang(args, extra) if backend == "sglang" else run_native(args, extra)
 
 

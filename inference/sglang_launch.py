@@ -171,3 +171,89 @@ def resolve_sglang_python(cli_value: str | None) -> str:
     if cli_value:
         return cli_value
     return os.environ.get(SGLANG_PYTHON_ENV) or "python"
+
+
+# -- bdstack checkpoints in SGLang (our own algorithms, registered by inference/sglang/launch.py) --------
+BDSTACK_LAUNCHER = "inference.sglang.launch"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def bdstack_settings(
+    model_dir: str | os.PathLike,
+    mode: str,
+    *,
+    block_size: int | None = None,
+    threshold: float = 0.9,
+    steps: int | None = None,
+    draft_len: int | None = None,
+):
+    """The `--dllm-algorithm-config` of our algorithm for `mode`, read off the checkpoint (its sidecar and
+    tokenizer, loaded in our environment so the SGLang side needs neither transformers pins nor our code)."""
+    from transformers import AutoTokenizer
+
+    from bdcore.sidecar import SIDECAR_NAME, read_sidecar
+    from bdcore.tokens import end_of_turn_id, filler_id
+    from inference.sglang.settings import ALGORITHMS, DecodeSettings
+
+    model_dir = Path(model_dir)
+    if mode not in ALGORITHMS:
+        raise ValueError(f"mode {mode!r} has no bdstack SGLang algorithm; choose one of {sorted(ALGORITHMS)}")
+    if not (model_dir / SIDECAR_NAME).is_file():
+        raise ValueError(f"{model_dir} has no {SIDECAR_NAME}: --mode {mode} needs a bdstack checkpoint directory")
+    sidecar = read_sidecar(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    sidecar.check_tokenizer(tok)
+    eot = end_of_turn_id(tok)
+    filler = filler_id(tok, eot)
+    others = [int(tok.eos_token_id)] if tok.eos_token_id is not None and tok.eos_token_id not in (eot, filler) else []
+    if mode == "self-spec":
+        size = draft_len or sidecar.bd_size
+        if size > sidecar.bd_size:
+            raise ValueError(f"draft_len {size} exceeds the trained block size {sidecar.bd_size}")
+    else:
+        size = block_size or sidecar.bd_size
+    return DecodeSettings(
+        algorithm=ALGORITHMS[mode],
+        block_size=size,
+        mask_id=sidecar.mask_id,
+        end_of_turn_id=eot,
+        filler_id=filler,
+        other_stop_ids=others,
+        within_block_causal=sidecar.within_block_causal,
+        threshold=threshold,
+        steps=steps or 0,
+    )
+
+
+def build_bdstack_command(
+    model: str,
+    settings,
+    settings_path: Path,
+    *,
+    python: str = "python",
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    api_key: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """argv that runs SGLang with our algorithms registered; writes `settings` to `settings_path`.
+
+    The Triton attention backend is the one whose DLLM_EXTEND forwards honour per-layer bidirectional
+    attention (the canvas switch); `extra_args` come last so a caller can override anything before them.
+    """
+    settings_path = Path(settings_path)
+    settings_path.parent.mkdir(parents=True, exist_ok=True)
+    settings_path.write_text(yaml.safe_dump(settings.to_dict(), sort_keys=True))
+    cmd = [python, "-m", BDSTACK_LAUNCHER, "--model-path", model, "--host", host, "--port", str(port)]
+    cmd += ["--dllm-algorithm", settings.algorithm, "--dllm-algorithm-config", str(settings_path)]
+    cmd += ["--attention-backend", "triton"]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    return cmd + list(extra_args)
+
+
+def child_environment(base: dict | None = None) -> dict:
+    """The launcher's environment: our repository importable (the launcher lives in it)."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return env

@@ -1,0 +1,10 @@
+"""bdstack decode modes inside upstream SGLang (out of tree: no patched copy of SGLang).
+
+- `settings.py`: the one definition of our algorithms' `--dllm-algorithm-config` YAML (stdlib only);
+- `algorithms.py`: shifted block diffusion and self-spec against SGLang's dLLM driver contract,
+  written without importing SGLang so CPU tests run them (torch + `inference.decode_rules`);
+- `plugin.py`: registers those algorithms and our checkpoints' block size / mask id in an SGLang
+  process (imports SGLang);
+- `launch.py`: what `serve.py --backend sglang` runs in place of `sglang.launch_server`.
+See README.md beside this file.
+"""

@@ -1,0 +1,206 @@
+"""Register bdstack's decode algorithms and checkpoints in an SGLang process (checked against 0.5.23).
+
+SGLang finds dLLM algorithms in `sglang.srt.dllm.algorithm.algo_name_to_cls` and a checkpoint's block
+size and mask id in a per-architecture table inside `DllmConfig.from_server_args`. Our checkpoints keep
+their stock architecture (e.g. Qwen3ForCausalLM), so `register()`:
+
+1. adds `BdstackDiffusion` and `BdstackSelfSpec` to the algorithm table (classes built from the
+   SGLang-free cores in `algorithms.py` and SGLang's `DllmAlgorithm`);
+2. wraps `DllmConfig.from_server_args`: for our algorithms the block size and mask id come from the
+   `--dllm-algorithm-config` YAML (`settings.py`), checked against the checkpoint's
+   `block_diffusion.json`; every other algorithm goes to SGLang's own code unchanged;
+3. gives the algorithms their canvas attention switch: SGLang's Triton backend makes a DLLM_EXTEND
+   forward bidirectional for attention layers whose `attn_type` is DECODER_BIDIRECTIONAL, causal
+   otherwise, while ordinary EXTEND forwards (our commits) stay causal either way.
+
+`launch.py` calls `register()` at import, so it runs in the launcher and in every process SGLang
+spawns (spawned children re-import the main module). The pieces below take SGLang's classes as
+arguments, so CPU tests check them without SGLang installed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from bdcore.sidecar import SIDECAR_NAME, read_sidecar
+from inference.sglang.algorithms import SelfSpec, ShiftedDiffusion
+from inference.sglang.settings import DIFFUSION, SELF_SPEC, DecodeSettings
+
+logger = logging.getLogger("bdstack.sglang")
+TESTED_SGLANG = "0.5.23"
+CORES = {DIFFUSION: ShiftedDiffusion, SELF_SPEC: SelfSpec}
+
+
+class PluginError(ValueError):
+    """A bdstack checkpoint or setting SGLang cannot serve as asked."""
+
+
+# -- SGLang-free pieces --------------------------------------------------------------------------
+def local_model_dir(model_path: str) -> Path:
+    """The checkpoint directory; a hub id is fetched (config, sidecar and tokenizer files only)."""
+    path = Path(model_path)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model_path, allow_patterns=["*.json", "*.model", "*.txt", "*.jinja"]))
+
+
+def load_settings(model_path: str, algorithm: str, config_path: str | None) -> DecodeSettings:
+    """Our algorithm's settings, checked against the checkpoint they are meant for."""
+    import yaml
+
+    if config_path is None:
+        raise PluginError(f"{algorithm} needs --dllm-algorithm-config (serve.py --backend sglang writes it for you)")
+    settings = DecodeSettings.from_dict(yaml.safe_load(Path(config_path).read_text()))
+    if settings.algorithm != algorithm:
+        raise PluginError(f"{config_path} is a {settings.algorithm} config, but --dllm-algorithm is {algorithm}")
+    directory = local_model_dir(model_path)
+    if not (directory / SIDECAR_NAME).is_file():
+        raise PluginError(f"{model_path} has no {SIDECAR_NAME}: it is not a bdstack block-diffusion checkpoint")
+    sidecar = read_sidecar(directory)
+    if sidecar.mask_id != settings.mask_id:
+        raise PluginError(f"{config_path}: mask_id {settings.mask_id}, but the checkpoint's is {sidecar.mask_id}")
+    if sidecar.within_block_causal != settings.within_block_causal:
+        raise PluginError(f"{config_path}: within_block_causal disagrees with the checkpoint's sidecar")
+    if not sidecar.clean_causal:
+        raise PluginError(
+            "SGLang encodes committed tokens causally; checkpoints with clean_causal: false need --backend native"
+        )
+    if algorithm == SELF_SPEC and settings.block_size > sidecar.bd_size:
+        raise PluginError(f"self-spec N={settings.block_size} exceeds the trained block size {sidecar.bd_size}")
+    config = json.loads((directory / "config.json").read_text())
+    layer_types = config.get("layer_types") or (config.get("text_config") or {}).get("layer_types") or []
+    if "linear_attention" in layer_types:
+        raise PluginError(
+            "hybrid (gated-delta) checkpoints are not served by SGLang in diffusion/self-spec modes: its gated-delta "
+            "kernels read out token-causally and write canvas tokens into the request's recurrent state, while "
+            "the design needs block-entry state and block-end readout; serve them with --backend native"
+        )
+    return settings
+
+
+def dllm_config_kwargs(view) -> dict:
+    """DllmConfig's arguments for one of our algorithms, from the resolved server arguments."""
+    settings = load_settings(view.model_path, view.dllm_algorithm, view.dllm_algorithm_config)
+    return dict(
+        algorithm=view.dllm_algorithm,
+        algorithm_config=settings.to_dict(),
+        block_size=settings.block_size,
+        mask_id=settings.mask_id,
+        max_running_requests=1 if view.max_running_requests is None else view.max_running_requests,
+        first_done_first_out_mode=False,
+        requires_separate_context_encoding=True,
+        capture_input_preparation=False,
+    )
+
+
+def wrap_config_factory(original, dllm_config_cls, resolving_view):
+    """`DllmConfig.from_server_args` that knows our algorithms and defers to `original` otherwise."""
+
+    def from_server_args(server_args):
+        view = resolving_view(server_args)
+        if view.dllm_algorithm not in CORES:
+            return original(server_args)
+        return dllm_config_cls(**dllm_config_kwargs(view))
+
+    from_server_args.bdstack = True
+    return from_server_args
+
+
+def canvas_attention_switch(radix_attention_cls, attention_type):
+    """The `canvas_attention` hook: flip `attn_type` on every attention layer of the served model."""
+
+    def canvas_attention(self, model_runner, *, bidirectional: bool) -> None:
+        layers = getattr(self, "_attention_layers", None)
+        if layers is None:
+            layers = [m for m in model_runner.model.modules() if isinstance(m, radix_attention_cls)]
+            if not layers:
+                raise PluginError("no RadixAttention layers in the served model: cannot set canvas attention")
+            self._attention_layers = layers
+        kind = attention_type.DECODER_BIDIRECTIONAL if bidirectional else attention_type.DECODER
+        for layer in layers:
+            layer.attn_type = kind
+
+    return canvas_attention
+
+
+def make_algorithm_class(name: str, base_cls, canvas_attention, configure):
+    """An SGLang algorithm class: our core first in the MRO (its `run`), SGLang's base for the rest."""
+    core = CORES[name]
+
+    def __init__(self, config):
+        base_cls.__init__(self, config)
+        core.__init__(self, DecodeSettings.from_dict(config.algorithm_config))
+
+    return type(
+        name,
+        (core, base_cls),
+        {
+            "__init__": __init__,
+            "__doc__": core.__doc__,
+            "requires_separate_context_encoding": True,
+            "required_attention_backend": "triton",
+            "supported_attention_backends": ("triton",),
+            "reuse_forward_metadata": False,
+            "capture_input_preparation": False,
+            "canvas_attention": canvas_attention,
+            "configure_server_args": classmethod(configure),
+        },
+    )
+
+
+def server_arg_decisions(view) -> dict:
+    """Launch-time constraints: no radix cache (canvas tokens are not reusable KV), no chunked
+    prefill (the seed is the context's last row), no CUDA graphs (the canvas attention flips per
+    forward), no first-done-first-out rounds (each round commits its tokens)."""
+    if getattr(view, "dllm_fdfo", False):
+        raise PluginError("--dllm-fdfo is not supported by the bdstack algorithms")
+    if getattr(view, "device", "cuda") not in ("cuda", None):
+        raise PluginError("the bdstack SGLang algorithms run on CUDA; use the native engine elsewhere")
+    return {"disable_radix_cache": True, "chunked_prefill_size": -1}
+
+
+# -- the SGLang side -----------------------------------------------------------------------------
+_registered = False
+
+
+def register() -> None:
+    """Make our algorithms and checkpoints known to this SGLang process (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    try:
+        import sglang
+    except ImportError as e:
+        raise PluginError(
+            "SGLang is not installed in this interpreter; run the launcher with SGLang's own environment "
+            f"(serve.py --sglang-python PATH or $BDSTACK_SGLANG_PYTHON; see inference/sglang/README.md): {e}"
+        ) from e
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+    from sglang.srt.dllm import algorithm as algorithm_table
+    from sglang.srt.dllm.algorithm.base import DllmAlgorithm
+    from sglang.srt.dllm.config import DllmConfig
+    from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
+
+    version = getattr(sglang, "__version__", "unknown")
+    if version != TESTED_SGLANG:
+        logger.warning("bdstack's SGLang plugin was written against SGLang %s; this is %s", TESTED_SGLANG, version)
+
+    def configure(cls, server_args) -> None:
+        view = resolving_view(server_args)
+        graphs = with_phase(view.cuda_graph_config, Phase.PREFILL, backend=Backend.DISABLED)
+        graphs = with_phase(graphs, Phase.DECODE, backend=Backend.DISABLED)
+        declare_resolution(server_args, cls.__name__, cuda_graph_config=graphs, **server_arg_decisions(view))
+
+    switch = canvas_attention_switch(RadixAttention, AttentionType)
+    for name in CORES:
+        algorithm_table.algo_name_to_cls[name] = make_algorithm_class(name, DllmAlgorithm, switch, configure)
+    if not getattr(DllmConfig.from_server_args, "bdstack", False):
+        DllmConfig.from_server_args = staticmethod(
+            wrap_config_factory(DllmConfig.from_server_args, DllmConfig, resolving_view)
+        )
+    _registered = True

@@ -1,0 +1,136 @@
+"""Our SGLang algorithms (inference/sglang/algorithms.py) driven the way SGLang drives them, on CPU.
+
+`tests/sglang_emulator.py` plays SGLang's separate-context scheduler; the forwards are the native
+engine's. Greedy diffusion must equal the native engine with unfused commits token for token (same
+forwards count), greedy self-spec must equal greedy causal decoding, batched or not.
+"""
+
+import pytest
+import torch
+import yaml
+
+from inference.checkpoint import load_checkpoint
+from inference.engine import DecodeConfig, Engine
+from inference.sampling import SamplingParams
+from inference.sglang.algorithms import SelfSpec, ShiftedDiffusion, request_params
+from inference.sglang.settings import DIFFUSION, SELF_SPEC, DecodeSettings
+from tests.sglang_emulator import EmulatedModelRunner, emulated, serve
+from tests.test_invariant_4_self_spec import _prompts
+from tests.tiny import tiny_checkpoint
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def loaded(request, tmp_path_factory):
+    return load_checkpoint(tiny_checkpoint(tmp_path_factory.mktemp(request.param), arch=request.param, bd_size=4))
+
+
+def _settings(loaded, algorithm, block_size=4, **kw) -> DecodeSettings:
+    from bdcore.tokens import end_of_turn_id, filler_id
+
+    tok = loaded.tokenizer
+    eot = end_of_turn_id(tok)
+    others = sorted(loaded.stop_ids - {eot, filler_id(tok, eot)})
+    return DecodeSettings(
+        algorithm=algorithm,
+        block_size=block_size,
+        mask_id=loaded.mask_id,
+        end_of_turn_id=eot,
+        filler_id=filler_id(tok, eot),
+        other_stop_ids=others,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 1.1])
+def test_diffusion_equals_native_unfused(loaded, threshold):
+    algo = emulated(ShiftedDiffusion)(_settings(loaded, DIFFUSION, threshold=threshold))
+    native = Engine(loaded, DecodeConfig(mode="diffusion", threshold=threshold, fuse_commit=False))
+    params = SamplingParams(max_tokens=20)
+    for ids in _prompts(loaded.tokenizer, 6):
+        ref = native.generate(ids, params)
+        (got,), forwards = serve(loaded, algo, [ids], [params])
+        assert got == ref.tokens
+        assert forwards == ref.stats.forwards
+
+
+def test_diffusion_batched_equals_one_by_one(loaded):
+    algo = emulated(ShiftedDiffusion)(_settings(loaded, DIFFUSION, threshold=0.5))
+    prompts = _prompts(loaded.tokenizer, 5, seed=1)
+    params = [SamplingParams(max_tokens=m) for m in (5, 20, 9, 16, 20)]
+    batched, _ = serve(loaded, algo, prompts, params)
+    single = [serve(loaded, algo, [p], [q])[0][0] for p, q in zip(prompts, params)]
+    assert batched == single
+    assert all(len(o) <= q.max_tokens for o, q in zip(batched, params))
+
+
+@pytest.mark.parametrize("draft_len", [2, 4])
+def test_greedy_self_spec_equals_greedy_causal(loaded, draft_len):
+    algo = emulated(SelfSpec)(_settings(loaded, SELF_SPEC, block_size=draft_len))
+    causal = Engine(loaded, DecodeConfig(mode="causal"))
+    prompts = _prompts(loaded.tokenizer, 8, seed=2)
+    params = [SamplingParams(max_tokens=m) for m in (24, 7, 24, 13, 24, 3, 24, 24)]
+    got, forwards = serve(loaded, algo, prompts, params)
+    want = [causal.generate(p, q).tokens for p, q in zip(prompts, params)]
+    assert got == want
+    assert forwards < sum(len(w) + 1 for w in want), "batched self-spec spends fewer forwards than causal"
+
+
+def test_sampled_self_spec_is_seeded_by_request_and_valid(loaded):
+    algo = emulated(SelfSpec)(_settings(loaded, SELF_SPEC))
+    prompts = _prompts(loaded.tokenizer, 3, seed=4)
+    params = [SamplingParams(temperature=1.0, top_k=20, top_p=0.9, max_tokens=12)] * 3
+    first, _ = serve(loaded, emulated(SelfSpec)(_settings(loaded, SELF_SPEC)), prompts, params)
+    again, _ = serve(loaded, algo, prompts, params)
+    assert first == again, "each request's generator is seeded from its id: every TP rank draws alike"
+    for out in first:
+        assert loaded.mask_id not in out and len(out) <= 12
+
+
+def test_filler_is_reported_as_end_of_turn(loaded):
+    s = _settings(loaded, DIFFUSION)
+    algo = ShiftedDiffusion(s)
+    got = algo._emit([5, 6, s.filler_id, 7], "cpu").tolist()
+    assert got == [5, 6, s.end_of_turn_id]
+    assert algo._emit([5, 6, 7], "cpu").tolist() == [5, 6, 7]
+
+
+def test_canvas_without_context_pass_is_a_clear_error(loaded):
+    from tests.sglang_emulator import Batch, Mode, _sampling_info
+
+    algo = emulated(ShiftedDiffusion)(_settings(loaded, DIFFUSION))
+    runner = EmulatedModelRunner(loaded)
+    info = _sampling_info([SamplingParams()], len(loaded.tokenizer))
+    canvas = Batch(Mode(True), torch.zeros(4, dtype=torch.long), ["r"], torch.tensor([9]), info)
+    with pytest.raises(RuntimeError, match="without a preceding context pass"):
+        algo.run(runner, canvas)
+    ctx = Batch(Mode(False), torch.tensor([1, 2, 3]), ["r"], torch.tensor([3]), info, [[1, 2, 3]])
+    algo.run(runner, ctx)
+    with pytest.raises(RuntimeError, match="context pass must end where the canvas starts"):
+        algo.run(runner, canvas)  # canvas at 9 - 4 = 5, seed after 3 tokens
+
+
+def test_request_params_decodes_sglang_encoding():
+    from tests.sglang_emulator import _sampling_info
+
+    info = _sampling_info([SamplingParams(), SamplingParams(temperature=0.7, top_k=0, top_p=0.8)], 100)
+    assert request_params(info, 0, 100).greedy
+    p = request_params(info, 1, 100)
+    assert (p.temperature, p.top_k, p.top_p) == (pytest.approx(0.7), 0, pytest.approx(0.8))
+    assert request_params(None, 0, 100).greedy
+
+
+def test_settings_round_trip_and_errors(loaded):
+    s = _settings(loaded, DIFFUSION, threshold=0.8, steps=2)
+    assert DecodeSettings.from_dict(yaml.safe_load(yaml.safe_dump(s.to_dict()))) == s
+    assert s.denoise_steps == 2 and _settings(loaded, DIFFUSION).denoise_steps == 3
+    bad = s.to_dict() | {"treshold": 0.5}
+    with pytest.raises(ValueError, match="unknown key"):
+        DecodeSettings.from_dict(bad)
+    with pytest.raises(ValueError, match="missing key"):
+        DecodeSettings.from_dict({k: v for k, v in s.to_dict().items() if k != "mask_id"})
+    with pytest.raises(ValueError, match="block_size must be >= 2"):
+        DecodeSettings.from_dict(s.to_dict() | {"block_size": 1})
+    with pytest.raises(ValueError, match="three different tokens"):
+        DecodeSettings.from_dict(s.to_dict() | {"filler_id": s.mask_id})
+    with pytest.raises(ValueError, match="algorithm"):
+        DecodeSettings.from_dict(s.to_dict() | {"algorithm": "LowConfidence"})

@@ -1,0 +1,230 @@
+"""The SGLang side of bdstack without SGLang: serve.py's command and settings file, the checks a
+checkpoint must pass, and the registration pieces (`inference/sglang/plugin.py` takes SGLang's classes
+as arguments; here they are given stand-ins with the 0.5.23 signatures)."""
+
+import enum
+import inspect
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+from inference import serve
+from inference.checkpoint import load_checkpoint
+from inference.engine import DecodeConfig, Engine
+from inference.sampling import SamplingParams
+from inference.sglang import plugin
+from inference.sglang.settings import DIFFUSION, SELF_SPEC, DecodeSettings
+from inference.sglang_launch import REPO_ROOT, bdstack_settings, child_environment
+from tests.sglang_emulator import EmulatedAttention
+from tests.sglang_emulator import serve as emulate
+from tests.test_invariant_4_self_spec import _prompts
+from tests.tiny import tiny_checkpoint
+
+# sglang/srt/dllm/config.py (0.5.23): DllmConfig.__init__'s parameters, in order.
+DLLM_CONFIG_PARAMS = [
+    "algorithm",
+    "algorithm_config",
+    "block_size",
+    "mask_id",
+    "max_running_requests",
+    "first_done_first_out_mode",
+    "requires_separate_context_encoding",
+    "capture_input_preparation",
+    "delete_token_id",
+    "split_token_id",
+]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("sgl"), bd_size=4)
+
+
+def _dry_run(capsys, *argv) -> list[str]:
+    assert serve.main(["--backend", "sglang", "--dry-run", "--sglang-python", "/opt/sg/bin/python", *argv]) == 0
+    return capsys.readouterr().out.split()
+
+
+@pytest.mark.parametrize(("mode", "algorithm", "size"), [("diffusion", DIFFUSION, 4), ("self-spec", SELF_SPEC, 3)])
+def test_dry_run_builds_the_launcher_command_and_settings(ckpt, capsys, mode, algorithm, size):
+    extra = ["--draft-len", "3"] if mode == "self-spec" else ["--threshold", "0.7", "--steps", "2"]
+    cmd = _dry_run(capsys, str(ckpt), "--mode", mode, *extra, "--port", "8123", "--", "--tp", "2")
+    assert cmd[:3] == ["/opt/sg/bin/python", "-m", "inference.sglang.launch"]
+    assert cmd[cmd.index("--model-path") + 1] == str(ckpt) and cmd[cmd.index("--port") + 1] == "8123"
+    assert cmd[cmd.index("--dllm-algorithm") + 1] == algorithm
+    assert cmd[cmd.index("--attention-backend") + 1] == "triton"
+    assert cmd[-2:] == ["--tp", "2"]
+    settings = DecodeSettings.from_dict(yaml.safe_load(open(cmd[cmd.index("--dllm-algorithm-config") + 1])))
+    loaded = load_checkpoint(ckpt)
+    assert settings.block_size == size and settings.mask_id == loaded.mask_id
+    assert settings.stop_ids == loaded.stop_ids
+    if mode == "diffusion":
+        assert (settings.threshold, settings.denoise_steps) == (0.7, 2)
+
+
+def test_causal_runs_stock_sglang_and_bad_settings_are_refused(ckpt, capsys):
+    cmd = _dry_run(capsys, str(ckpt), "--mode", "causal")
+    assert cmd[:3] == ["/opt/sg/bin/python", "-m", "sglang.launch_server"] and "--dllm-algorithm" not in cmd
+    with pytest.raises(SystemExit, match="draft_len 8 exceeds the trained block size 4"):
+        _dry_run(capsys, str(ckpt), "--mode", "self-spec", "--draft-len", "8")
+
+
+def test_child_environment_makes_the_launcher_importable():
+    env = child_environment({"PYTHONPATH": "/x"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(REPO_ROOT), "/x"]
+
+
+def test_checkpoint_checks(ckpt, tmp_path):
+    good = bdstack_settings(ckpt, "self-spec")
+    path = tmp_path / "s.yaml"
+
+    def check(settings, model=ckpt):
+        path.write_text(yaml.safe_dump(settings.to_dict()))
+        return plugin.load_settings(str(model), settings.algorithm, str(path))
+
+    assert check(good) == good
+    with pytest.raises(plugin.PluginError, match="mask_id"):
+        check(DecodeSettings(**(good.to_dict() | {"mask_id": good.mask_id + 1})))
+    with pytest.raises(plugin.PluginError, match="exceeds the trained block size"):
+        check(DecodeSettings(**(good.to_dict() | {"block_size": 5})))
+    with pytest.raises(plugin.PluginError, match="needs --dllm-algorithm-config"):
+        plugin.load_settings(str(ckpt), SELF_SPEC, None)
+    with pytest.raises(plugin.PluginError, match="is a BdstackSelfSpec config"):
+        plugin.load_settings(str(ckpt), DIFFUSION, str(path))
+    sidecar = json.loads((ckpt / "block_diffusion.json").read_text())
+    changed = tmp_path / "ckpt"
+    changed.mkdir()
+    for f in ckpt.iterdir():
+        if f.is_file():
+            (changed / f.name).write_bytes(f.read_bytes())
+    (changed / "block_diffusion.json").write_text(json.dumps(sidecar | {"clean_causal": False}))
+    with pytest.raises(plugin.PluginError, match="clean_causal: false"):
+        check(good, changed)
+    (changed / "block_diffusion.json").unlink()
+    with pytest.raises(plugin.PluginError, match="not a bdstack block-diffusion checkpoint"):
+        check(good, changed)
+
+
+def test_hybrid_checkpoints_are_refused_with_the_reason(tmp_path):
+    hybrid = tiny_checkpoint(tmp_path / "h", arch="qwen3_5", bd_size=4)
+    settings = bdstack_settings(hybrid, "diffusion")
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(settings.to_dict()))
+    with pytest.raises(plugin.PluginError, match="hybrid .* --backend native"):
+        plugin.load_settings(str(hybrid), DIFFUSION, str(path))
+
+
+class StandInDllmConfig:
+    """DllmConfig's constructor signature (0.5.23)."""
+
+    def __init__(
+        self,
+        algorithm,
+        algorithm_config,
+        block_size,
+        mask_id,
+        max_running_requests,
+        first_done_first_out_mode=False,
+        requires_separate_context_encoding=False,
+        capture_input_preparation=False,
+        delete_token_id=None,
+        split_token_id=None,
+    ):
+        self.__dict__.update({k: v for k, v in locals().items() if k != "self"})
+
+
+def test_stand_in_matches_the_recorded_signature():
+    assert list(inspect.signature(StandInDllmConfig).parameters) == DLLM_CONFIG_PARAMS
+
+
+def test_config_factory_serves_ours_and_defers_the_rest(ckpt, tmp_path):
+    settings = bdstack_settings(ckpt, "diffusion", threshold=0.8)
+    path = tmp_path / "d.yaml"
+    path.write_text(yaml.safe_dump(settings.to_dict()))
+    calls = []
+    factory = plugin.wrap_config_factory(lambda args: calls.append(args) or "theirs", StandInDllmConfig, lambda a: a)
+    view = SimpleNamespace(
+        model_path=str(ckpt), dllm_algorithm=DIFFUSION, dllm_algorithm_config=str(path), max_running_requests=None
+    )
+    cfg = factory(view)
+    assert (cfg.block_size, cfg.mask_id, cfg.max_running_requests) == (4, settings.mask_id, 1)
+    assert cfg.requires_separate_context_encoding and not cfg.first_done_first_out_mode
+    assert DecodeSettings.from_dict(cfg.algorithm_config) == settings
+    assert factory(SimpleNamespace(dllm_algorithm="LowConfidence")) == "theirs" and len(calls) == 1
+
+
+class StandInAlgorithmBase:
+    """DllmAlgorithm.__init__ (0.5.23) reads these three fields of the config."""
+
+    def __init__(self, config):
+        self.block_size, self.mask_id, self.fdfo = config.block_size, config.mask_id, config.first_done_first_out_mode
+
+    def run(self, *args):  # SGLang's own loop: must lose to the core's run in the MRO
+        raise AssertionError("SGLang's base run was called")
+
+
+def test_registered_class_decodes_like_causal(ckpt):
+    loaded = load_checkpoint(ckpt)
+    settings = bdstack_settings(ckpt, "self-spec")
+    decided = []
+    cls = plugin.make_algorithm_class(
+        SELF_SPEC, StandInAlgorithmBase, EmulatedAttention.canvas_attention, lambda c, a: decided.append(c)
+    )
+    assert cls.__name__ == SELF_SPEC and cls.requires_separate_context_encoding
+    assert cls.required_attention_backend == "triton"
+    cls.configure_server_args(None)
+    assert decided == [cls]
+    config = StandInDllmConfig(SELF_SPEC, settings.to_dict(), settings.block_size, settings.mask_id, 1)
+    algo = cls(config)
+    prompts = _prompts(loaded.tokenizer, 4, seed=7)
+    params = [SamplingParams(max_tokens=16)] * 4
+    got, _ = emulate(loaded, algo, prompts, params)
+    causal = Engine(loaded, DecodeConfig(mode="causal"))
+    assert got == [causal.generate(p, q).tokens for p, q in zip(prompts, params)]
+
+
+def test_canvas_attention_switch_flips_every_attention_layer():
+    class AttentionType(enum.Enum):
+        DECODER = "decoder"
+        DECODER_BIDIRECTIONAL = "decoder_bidirectional"
+
+    class RadixAttention(torch.nn.Module):
+        attn_type = AttentionType.DECODER
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), RadixAttention(), torch.nn.Sequential(RadixAttention()))
+    holder = SimpleNamespace()
+    switch = plugin.canvas_attention_switch(RadixAttention, AttentionType)
+    switch(holder, SimpleNamespace(model=model), bidirectional=True)
+    kinds = [m.attn_type for m in model.modules() if isinstance(m, RadixAttention)]
+    assert kinds == [AttentionType.DECODER_BIDIRECTIONAL] * 2
+    switch(holder, SimpleNamespace(model=model), bidirectional=False)
+    assert all(m.attn_type is AttentionType.DECODER for m in model.modules() if isinstance(m, RadixAttention))
+    with pytest.raises(plugin.PluginError, match="no RadixAttention"):
+        switch(SimpleNamespace(), SimpleNamespace(model=torch.nn.Linear(2, 2)), bidirectional=True)
+
+
+def test_server_arg_decisions():
+    assert plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=False, device="cuda")) == {
+        "disable_radix_cache": True,
+        "chunked_prefill_size": -1,
+    }
+    with pytest.raises(plugin.PluginError, match="fdfo"):
+        plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=True, device="cuda"))
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("sglang") is not None, reason="SGLang is installed here")
+def test_launcher_without_sglang_names_the_fix():
+    r = subprocess.run(
+        [sys.executable, "-m", "inference.sglang.launch", "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode != 0 and "SGLang is not installed in this interpreter" in r.stderr
