@@ -209,6 +209,15 @@ def test_canvas_attention_switch_flips_every_attention_layer():
         switch(SimpleNamespace(), SimpleNamespace(model=torch.nn.Linear(2, 2)), bidirectional=True)
 
 
+def test_unsupported_request_features_are_named():
+    def req(return_logprob=False, **sp):
+        return SimpleNamespace(sampling_params=SimpleNamespace(**sp), return_logprob=return_logprob)
+
+    assert plugin.unsupported_request(req(temperature=0.7, top_p=0.9, repetition_penalty=1.0)) is None
+    error = plugin.unsupported_request(req(True, repetition_penalty=1.2, regex="a+", logit_bias={"1": 2}))
+    assert "repetition_penalty" in error and "regex" in error and "logit_bias" in error and "logprobs" in error
+
+
 def test_server_arg_decisions():
     assert plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=False, device="cuda")) == {
         "disable_radix_cache": True,

@@ -148,8 +148,28 @@ def make_algorithm_class(name: str, base_cls, canvas_attention, configure):
             "capture_input_preparation": False,
             "canvas_attention": canvas_attention,
             "configure_server_args": classmethod(configure),
+            "validate_request": classmethod(lambda cls, req: unsupported_request(req)),
         },
     )
+
+
+def unsupported_request(req) -> str | None:
+    """SGLang's `validate_request`: the request features our algorithms do not apply, as an error."""
+    sp = req.sampling_params
+    defaults = {
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "min_new_tokens": 0,
+        "min_p": 0.0,
+    }
+    bad = [name for name, default in defaults.items() if getattr(sp, name, default) != default]
+    bad += [name for name in ("json_schema", "regex", "ebnf", "structural_tag") if getattr(sp, name, None) is not None]
+    bad += ["logit_bias"] if getattr(sp, "logit_bias", None) else []
+    bad += ["logprobs"] if getattr(req, "return_logprob", False) else []
+    if not bad:
+        return None
+    return f"bdstack's diffusion/self-spec algorithms do not support {', '.join(bad)}; use --mode causal for these"
 
 
 def server_arg_decisions(view) -> dict:
