@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from dataclasses import dataclass
 
 from inference.sampling import SamplingParams
 
@@ -46,6 +48,9 @@ def _number(body: dict, key: str, kind, default, lo=None, hi=None):
 def sampling_params(body: dict, *, default_max_tokens: int) -> SamplingParams:
     if _number(body, "n", int, 1) != 1:
         raise APIError(400, "only n=1 is supported", param="n")
+    for key in ("logprobs", "top_logprobs"):
+        if body.get(key) not in (None, False) and not (key == "top_logprobs" and body[key] == 0):
+            raise APIError(400, f"'{key}' is not supported by this server", param=key)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     stop = body.get("stop") or ()
     if isinstance(stop, str):
@@ -62,22 +67,165 @@ def sampling_params(body: dict, *, default_max_tokens: int) -> SamplingParams:
     )
 
 
-def chat_prompt_ids(tokenizer, body: dict) -> list[int]:
-    messages = body.get("messages")
+@dataclass(frozen=True)
+class ToolRequest:
+    """What a chat request asks of tools: the validated `tools`, `tool_choice` and `parallel_tool_calls`.
+
+    `choice` is "auto", "none", "required" or "function" (then `name` is the function forced)."""
+
+    tools: tuple = ()
+    choice: str = "none"
+    name: str | None = None
+    parallel: bool = True
+
+    @property
+    def parse(self) -> bool:
+        """Whether the reply is scanned for tool calls."""
+        return bool(self.tools) and self.choice != "none"
+
+
+def tool_request(body: dict) -> ToolRequest:
+    tools = body.get("tools")
+    if tools is None:
+        tools = []
+    if not isinstance(tools, list):
+        raise APIError(400, "'tools' must be a list of function tools", param="tools")
+    names = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or t.get("type", "function") != "function":
+            raise APIError(400, f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", param="tools")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise APIError(400, f"tools[{i}].function.name must be a non-empty string", param="tools")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise APIError(400, f"tools[{i}].function.parameters must be a JSON schema object", param="tools")
+        names.append(fn["name"])
+    choice, name = body.get("tool_choice"), None
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise APIError(
+                400, "'tool_choice' object must be {'type': 'function', 'function': {'name': ...}}", param="tool_choice"
+            )
+        if name not in names:
+            raise APIError(400, f"tool_choice names {name!r}, which is not among 'tools'", param="tool_choice")
+        choice = "function"
+    elif choice not in ("auto", "none", "required"):
+        raise APIError(
+            400, f"'tool_choice' must be 'auto', 'none', 'required' or a function, got {choice!r}", param="tool_choice"
+        )
+    if choice == "required" and not tools:
+        raise APIError(400, "tool_choice 'required' needs 'tools'", param="tool_choice")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise APIError(400, "'parallel_tool_calls' must be a boolean", param="parallel_tool_calls")
+    return ToolRequest(tuple(tools), choice, name, parallel is not False)
+
+
+def _text_content(content, where: str) -> str:
+    """A message's content as the string chat templates expect: None -> "", text parts joined."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise APIError(400, f"{where}.content must be a string or a list of parts", param="messages")
+    texts = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif (
+            isinstance(part, dict) and part.get("type") in ("text", "input_text") and isinstance(part.get("text"), str)
+        ):
+            texts.append(part["text"])
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise APIError(400, f"{where}.content: only text parts are supported, got {kind!r}", param="messages")
+    return "\n".join(texts)
+
+
+def template_messages(messages) -> list[dict]:
+    """OpenAI chat messages -> what HF chat templates read (the request body is left untouched).
+
+    Content becomes a string (text parts joined), `developer` becomes `system`, null fields are dropped,
+    and assistant tool-call arguments sent as JSON strings (OpenAI's wire form) become objects, the form
+    templates expect (Qwen, Llama and Mistral templates serialise them themselves)."""
     if not isinstance(messages, list) or not messages:
         raise APIError(400, "'messages' must be a non-empty list", param="messages")
+    out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
             raise APIError(400, f"messages[{i}] needs a role of system, user, assistant or tool", param="messages")
-        if m.get("content") is not None and not isinstance(m["content"], (str, list)):
-            raise APIError(400, f"messages[{i}].content must be a string or a list of parts", param="messages")
-    tools = body.get("tools")
+        msg = {k: v for k, v in m.items() if v is not None}
+        msg["role"] = "system" if m["role"] == "developer" else m["role"]
+        msg["content"] = _text_content(m.get("content"), f"messages[{i}]")
+        calls = msg.pop("tool_calls", None)
+        if calls:
+            if m["role"] != "assistant" or not isinstance(calls, list):
+                raise APIError(400, f"messages[{i}].tool_calls must be a list on an assistant", param="messages")
+            msg["tool_calls"] = [_template_call(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(calls)]
+        out.append(msg)
+    return out
+
+
+def _template_call(call, where: str) -> dict:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise APIError(400, f"{where} needs function.name", param="messages")
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args) if args.strip() else {}
+            args = parsed if isinstance(parsed, dict) else args
+        except json.JSONDecodeError:
+            pass  # not JSON: the template gets the string as sent
+    return {**call, "type": call.get("type") or "function", "function": {**fn, "arguments": args or {}}}
+
+
+def response_format_instruction(body: dict) -> str | None:
+    """`response_format` json_object / json_schema as a system instruction (no constrained decoding here:
+    the model is asked for JSON, and the reply is returned as written)."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "Reply with one valid JSON object and nothing else."
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise APIError(400, "response_format json_schema needs json_schema.schema", param="response_format")
+        return "Reply with one valid JSON object and nothing else. It must conform to this JSON schema:\n" + json.dumps(
+            schema, ensure_ascii=False
+        )
+    raise APIError(
+        400, "'response_format' type must be 'text', 'json_object' or 'json_schema'", param="response_format"
+    )
+
+
+def chat_prompt_ids(tokenizer, body: dict, tools: ToolRequest | None = None) -> list[int]:
+    messages = template_messages(body.get("messages"))
+    instruction = response_format_instruction(body)
+    if instruction and messages[0]["role"] == "system":
+        messages[0]["content"] = (messages[0]["content"] + "\n\n" + instruction).strip()
+    elif instruction:
+        messages.insert(0, {"role": "system", "content": instruction})
+    tools = tools if tools is not None else tool_request(body)
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise APIError(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
     try:
         text = tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
+            messages,
+            # tool_choice "none": the model is not shown the tools, so it answers in text
+            tools=list(tools.tools) if tools.parse else None,
+            tokenize=False,
+            add_generation_prompt=True,
+            **kwargs,
         )
     except Exception as e:
         raise APIError(400, f"the chat template rejected these messages: {e}", param="messages") from e

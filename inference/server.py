@@ -19,8 +19,18 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from inference.checkpoint import CheckpointError, LoadedModel
 from inference.engine import Cancelled, DecodeConfig, Engine
 from inference.metrics import ServerMetrics
-from inference.protocol import APIError, chat_prompt_ids, completion_prompt_ids, new_id, now, sampling_params, usage
-from inference.tool_calls import content_before_tool_call, parse_tool_calls
+from inference.protocol import (
+    APIError,
+    ToolRequest,
+    chat_prompt_ids,
+    completion_prompt_ids,
+    new_id,
+    now,
+    sampling_params,
+    tool_request,
+    usage,
+)
+from inference.tool_calls import content_before_tool_call, forced_prefix, parse_tool_calls
 
 
 def create_app(
@@ -90,30 +100,57 @@ def create_app(
         task.add_done_callback(lambda _t: lock.release())
         return task
 
-    async def run(kind: str, body: dict, prompt_ids: list[int], build, request: Request):
-        params = sampling_params(body, default_max_tokens=default_max_tokens)
-        dec = request_decode(body)
-        if len(prompt_ids) + params.max_tokens > max_context:
+    async def run(
+        kind: str, body: dict, prompt_ids: list[int], build, request: Request, tools: ToolRequest | None = None
+    ):
+        tools = tools or ToolRequest()
+        # tool_choice "required" / a named function: the reply is made to open a call (see forced_prefix)
+        prefix = forced_prefix(tools.choice, tools.name) if tools.parse else ""
+        if prefix:
+            prompt_ids = prompt_ids + loaded.tokenizer(prefix, add_special_tokens=False)["input_ids"]
+        room = max_context - len(prompt_ids)
+        if room < 1:
             raise APIError(
                 400,
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                f"model's context of {max_context} tokens",
+                f"This model's maximum context length is {max_context} tokens. However, your messages resulted "
+                f"in {len(prompt_ids)} tokens. Please reduce the length of the messages.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        # without an explicit max_tokens the reply may use the rest of the context, up to the default
+        params = sampling_params(body, default_max_tokens=min(default_max_tokens, room))
+        dec = request_decode(body)
+        if params.max_tokens > room:
+            raise APIError(
+                400,
+                # OpenAI's wording: clients (LiteLLM, the openai SDK's users) recognise it as a context overflow
+                f"This model's maximum context length is {max_context} tokens. However, you requested "
+                f"{len(prompt_ids) + params.max_tokens} tokens ({len(prompt_ids)} in the messages, "
+                f"{params.max_tokens} in the completion). Please reduce the length of the messages or completion.",
                 param="messages",
                 code="context_length_exceeded",
             )
         rid, created, t0 = new_id("chatcmpl" if kind == "chat" else "cmpl"), now(), time.perf_counter()
-        tools_on = kind == "chat" and bool(body.get("tools"))
+
+        def split_calls(text: str) -> tuple[str | None, list[dict]]:
+            """(content, tool_calls) of a finished reply; no calls unless the request's tools allow them."""
+            if not tools.parse:
+                return text, []
+            content, calls = parse_tool_calls(text)
+            return content, (calls if tools.parallel else calls[:1])
+
         if not body.get("stream"):
             gen = await asyncio.shield(await start_exclusive(lambda: engine.generate(prompt_ids, params, dec)))
             metrics.record(
                 kind, dec.mode, 200, prompt_tokens=len(prompt_ids), stats=gen.stats, latency=time.perf_counter() - t0
             )
             body_out = build.full(rid, created, gen, usage(len(prompt_ids), gen.stats))
-            if tools_on:
-                content, calls = parse_tool_calls(gen.text)
+            if kind == "chat":
+                content, calls = split_calls(prefix + gen.text)
+                choice = body_out["choices"][0]
+                choice["message"]["content"] = content
                 if calls:
-                    choice = body_out["choices"][0]
-                    choice["message"].update(content=content, tool_calls=calls)
+                    choice["message"]["tool_calls"] = calls
                     choice["finish_reason"] = "tool_calls"
             return JSONResponse(body_out)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -139,25 +176,29 @@ def create_app(
             try:
                 task = await start_exclusive(worker)
                 yield _sse(build.chunk(rid, created, {"role": "assistant", "content": ""}, None))
-                text, sent = "", 0  # with tools, a possible <tool_call> block is held back
+                text, sent = prefix, 0  # with tools, a possible <tool_call> block is held back
                 while True:
                     kind_, item = await queue.get()
                     if kind_ == "text":
                         text += item
-                        safe = content_before_tool_call(text) if tools_on else text
+                        safe = content_before_tool_call(text) if tools.parse else text
                         if len(safe) > sent:
                             yield _sse(build.chunk(rid, created, {"content": safe[sent:]}, None))
                             sent = len(safe)
                         continue
                     if kind_ == "done":
-                        finish = item.finish_reason
-                        content, calls = parse_tool_calls(item.text) if tools_on else (item.text, [])
+                        finish, full = item.finish_reason, prefix + item.text
+                        content, calls = split_calls(full) if kind == "chat" else (full, [])
                         if calls:
+                            head = full[:sent].strip()  # content already streamed, before the first call
+                            if content and content.startswith(head) and len(content) > len(head):
+                                # text after the calls, held back with them
+                                yield _sse(build.chunk(rid, created, {"content": content[len(head) :]}, None))
                             deltas = [{"index": i, **c} for i, c in enumerate(calls)]
                             yield _sse(build.chunk(rid, created, {"tool_calls": deltas}, None))
                             finish = "tool_calls"
-                        elif len(item.text) > sent:  # held-back text that was no call after all
-                            yield _sse(build.chunk(rid, created, {"content": item.text[sent:]}, None))
+                        elif len(full) > sent:  # held-back text that was no call after all
+                            yield _sse(build.chunk(rid, created, {"content": full[sent:]}, None))
                         yield _sse(build.chunk(rid, created, {}, finish))
                         if include_usage:
                             yield _sse(build.usage_chunk(rid, created, usage(len(prompt_ids), item.stats)))
@@ -202,7 +243,10 @@ def create_app(
     async def chat(request: Request):
         try:
             body = await read_body(request)
-            return await run("chat", body, chat_prompt_ids(loaded.tokenizer, body), _Chat(model_name), request)
+            tools = tool_request(body)
+            return await run(
+                "chat", body, chat_prompt_ids(loaded.tokenizer, body, tools), _Chat(model_name), request, tools
+            )
         except APIError as e:
             metrics.record("chat", "-", e.status)
             raise
