@@ -29,8 +29,11 @@ def single_stream_reference(model, sample, start, block_ids, bd_size, clean_caus
         mask[i, : limit[i] + 1] = True
     mask[P:, :P] = True
     mask[P:, P:] = torch.tril(torch.ones(B, B, dtype=torch.bool)) if within_block_causal else True
-    ids = torch.tensor([prefix + block_ids])
-    out = model(input_ids=ids, attention_mask=mask[None, None], position_ids=torch.arange(P + B)[None])
+    dev = next(model.parameters()).device
+    ids = torch.tensor([prefix + block_ids], device=dev)
+    out = model(
+        input_ids=ids, attention_mask=mask[None, None].to(dev), position_ids=torch.arange(P + B, device=dev)[None]
+    )
     return out.logits[0, P:]
 
 

@@ -27,15 +27,28 @@ IDS = SpecialIds(mask_id=MASK_ID, filler_id=FILLER_ID)
     ],
 )
 def test_engine_canvas_logits_equal_training_logits(arch, clean_causal, wbc):
-    # Separate instances with equal weights: training and decode patch gated-delta layers differently.
-    model = tiny_hybrid_model() if arch == "qwen3_5" else tiny_model(arch)
-    engine_model = tiny_hybrid_model() if arch == "qwen3_5" else model
+    check_engine_canvas_logits(arch, clean_causal, wbc)
+
+
+def check_engine_canvas_logits(
+    arch, clean_causal, wbc, *, device="cpu", train_attn="sdpa", atol=2e-5, rtol=1e-5, min_checked=6
+):
+    """The engine's canvas logits == the training forward's, with the training model on `train_attn`
+    (the CUDA twin runs flex attention there, as the trainer does on CUDA) and both models on `device`."""
+    # Separate instances with equal weights: training and decode patch gated-delta layers differently,
+    # and the engine always runs SDPA (`inference/checkpoint.py`).
+    if arch == "qwen3_5":
+        model, engine_model = tiny_hybrid_model(attn=train_attn), tiny_hybrid_model()
+    else:
+        model = tiny_model(arch, attn=train_attn)
+        engine_model = model if train_attn == "sdpa" else tiny_model(arch)
+    model, engine_model = model.to(device), engine_model.to(device)
     cfg = BlockDiffusionConfig(
         bd_size=4, ar_loss_weight=0.2 if clean_causal else 0.0, clean_causal=clean_causal, within_block_causal=wbc
     )
     rng = random.Random(7)
     samples = [random_sample(rng, max_prompt=10, max_resp=14) for _ in range(3)]
-    batch = build_batch([[s] for s in samples], cfg, IDS, noise_generator(3, 0, 0))
+    batch = build_batch([[s] for s in samples], cfg, IDS, noise_generator(3, 0, 0)).to(device)
     runner = ModelRunner(engine_model, banned=None, clean_causal=clean_causal, within_block_causal=wbc)
     m = batch.meta
     checked = 0
@@ -56,6 +69,6 @@ def test_engine_canvas_logits_equal_training_logits(arch, clean_causal, wbc):
                     )
                 got = runner.forward(Rows().canvas(batch.input_ids[r, idx].tolist(), start), keep=0)
                 assert runner.length == start, "a denoise forward persists nothing"
-                torch.testing.assert_close(got, train_logits[r, idx], atol=2e-5, rtol=1e-5)
+                torch.testing.assert_close(got, train_logits[r, idx], atol=atol, rtol=rtol)
                 checked += 1
-    assert checked >= 6
+    assert checked >= min_checked

@@ -39,6 +39,11 @@ def _prompts(tok, n, seed=0):
 
 @pytest.mark.parametrize("draft_len", [2, 4])
 def test_greedy_self_spec_equals_greedy_causal(loaded, draft_len):
+    check_greedy_self_spec_equals_causal(loaded, draft_len)
+
+
+def check_greedy_self_spec_equals_causal(loaded, draft_len):
+    """Shared with the CUDA twin (`tests/test_cuda_paths.py`), which loads the checkpoint on the GPU."""
     causal = Engine(loaded, DecodeConfig(mode="causal"))
     spec = Engine(loaded, DecodeConfig(mode="self-spec", draft_len=draft_len))
     params = SamplingParams(max_tokens=24)
@@ -52,6 +57,10 @@ def test_greedy_self_spec_equals_greedy_causal(loaded, draft_len):
 
 
 def test_state_after_k_accepted_equals_ar_state(loaded):
+    check_state_after_k_accepted(loaded)
+
+
+def check_state_after_k_accepted(loaded, *, atol=1e-5, rtol=1e-5):
     model, N = loaded.model, 4
     ids = _prompts(loaded.tokenizer, 1, seed=3)[0]
     # The true greedy continuation, from plain causal decoding.
@@ -66,7 +75,7 @@ def test_state_after_k_accepted_equals_ar_state(loaded):
         spec.forward(Rows().clean(ids, 0), keep=len(ids))
         c = len(ids)
         logits = spec.forward(Rows().clean([truth[0], *drafts], c).canvas([loaded.mask_id] * (N - 1), c + N), keep=N)
-        got_k = greedy_accept(torch.tensor(drafts), logits[:N].argmax(-1))
+        got_k = greedy_accept(torch.tensor(drafts), logits[:N].argmax(-1).cpu())
         assert got_k == k
         spec.crop_to(c + 1 + k)
         ar = ModelRunner(model, banned=loaded.mask_id)
@@ -75,11 +84,11 @@ def test_state_after_k_accepted_equals_ar_state(loaded):
         assert spec.length == ar.length == c + 1 + k
         for i in spec.attn_layers:
             la, lb = spec.cache.layers[i], ar.cache.layers[i]
-            torch.testing.assert_close(la.keys, lb.keys, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(la.values, lb.values, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(la.keys, lb.keys, atol=atol, rtol=rtol)
+            torch.testing.assert_close(la.values, lb.values, atol=atol, rtol=rtol)
         for i in spec.linear_layers:  # hybrid: recurrent and conv state after exactly k accepted drafts
-            torch.testing.assert_close(spec.states[i].rec, ar.states[i].rec, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(spec.states[i].conv, ar.states[i].conv, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(spec.states[i].rec, ar.states[i].rec, atol=atol, rtol=rtol)
+            torch.testing.assert_close(spec.states[i].conv, ar.states[i].conv, atol=atol, rtol=rtol)
 
 
 def test_sampled_self_spec_follows_the_ar_distribution(loaded):

@@ -79,10 +79,10 @@ def tiny_hybrid_config(*, tied: bool = True, vocab: int = VOCAB):
     )
 
 
-def tiny_hybrid_model(*, tied: bool = True, seed: int = 0, vocab: int = VOCAB):
+def tiny_hybrid_model(*, tied: bool = True, seed: int = 0, vocab: int = VOCAB, attn: str = "sdpa"):
     torch.manual_seed(seed)
     cfg = tiny_hybrid_config(tied=tied, vocab=vocab)
-    model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sdpa", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=attn, dtype=torch.float32)
     with torch.no_grad():
         # Decays from strong to weak, so the state carries information across blocks, yet no cumulative
         # log-decay so large that fp32 cumsums (ours and the stock 64-token chunks) lose digits.

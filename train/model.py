@@ -39,6 +39,20 @@ def check_supported_model(model) -> None:
         raise TypeError(f"{type(model).__name__} has no reachable decoder or output embedding")
 
 
+def attention_backend(config, *, cuda: bool) -> str:
+    """The attn_implementation to build a model with: flex attention (block-sparse `BlockMask`) on CUDA
+    where the architecture supports it, else SDPA with the dense mask (CPU: the block-sparse SDPA below).
+    Qwen3.5 hybrids, for one, do not take flex attention in transformers."""
+    if not cuda:
+        return "sdpa"
+    from transformers import AutoModelForCausalLM
+
+    cls = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    if cls is None:  # remote code: the class is unknown before loading; SDPA is the backend every model has
+        return "sdpa"
+    return "flex_attention" if getattr(cls, "_supports_flex_attn", False) else "sdpa"
+
+
 class TwoStreamLM(nn.Module):
     """`cpu_block_sparse` (default: on when there is no CUDA, the model uses SDPA and the rows have
     noised views) switches the model to the block-sparse SDPA of `train/sparse_attention.py`, which

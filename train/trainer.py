@@ -17,7 +17,7 @@ from train.config import BlockDiffusionConfig
 from train.data import load_samples
 from train.loss import diffusion_weights, liger_available
 from train.metrics import RunLogger, peak_memory_mib
-from train.model import TwoStreamLM, check_supported_model
+from train.model import TwoStreamLM, attention_backend, check_supported_model
 from train.noise import noise_generator
 from train.optim import build_optimizer, build_scheduler, fast_forward
 from train.packing import RowStream, bucket_length, pack_first_fit
@@ -90,11 +90,11 @@ def _build_model(args, info: DistInfo, ids: SpecialIds, num_real, param_dtype, c
     """Rank 0 reads the weights on CPU; every rank builds a meta model, shards it and receives its shards."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    attn = "flex_attention" if info.device.type == "cuda" else "sdpa"
     config = AutoConfig.from_pretrained(args.model_id, trust_remote_code=args.trust_remote_code)
     if getattr(config, "text_config", None) is not None and getattr(config, "vocab_size", None) is None:
         # A vision-language checkpoint (e.g. Qwen3_5ForConditionalGeneration): train its text model alone.
         config = config.get_text_config()
+    attn = attention_backend(config, cuda=info.device.type == "cuda")
     save_dtype = getattr(config, "dtype", None) or torch.float32
     if isinstance(save_dtype, str):
         save_dtype = getattr(torch, save_dtype)
