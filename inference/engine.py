@@ -249,7 +249,7 @@ class Engine:
                 c += 1
             else:  # warm step: verify N - 1 drafts, propose the next N - 1
                 rows = Rows().clean([pending, *drafts], c).canvas([mask] * (N - 1), c + N)
-                logits = self.runner.forward(rows, keep=N)
+                logits = self.runner.forward(rows, keep=N, rollback=True)
                 out.stats.forwards += 1
                 ar_tokens, p_dist = self._pick(logits[:N], params, gen)
                 d = torch.tensor(drafts)

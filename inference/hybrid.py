@@ -6,8 +6,11 @@ A decode forward's rows are clean rows then canvas rows (see `runner.py`). For a
   block-end state (token-causal with `within_block_causal`); nothing of theirs is kept;
 - the causal conv runs over [last K-1 committed features, clean rows, canvas rows], so taps before the
   canvas read clean features, as in training.
-The state after each clean row is kept until the next forward, so a self-spec rollback restores the
-state after exactly the accepted tokens (snapshot and restore; a recurrent state is never truncated).
+Clean rows are absorbed in chunks (`bdcore.gated_delta.chunk_step`), so a long prefill costs a few
+matrix products per 64 tokens instead of one step per token. A forward that may be rolled back (a
+self-spec verify) steps token by token and keeps the state after each clean row until the next
+forward, so the rollback restores the state after exactly the accepted tokens (snapshot and restore;
+a recurrent state is never truncated). Other forwards keep no per-row snapshots.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from bdcore.gated_delta import prepare_qk
+from bdcore.gated_delta import chunk_step, chunk_terms, prepare_qk
+
+CHUNK = 64  # clean rows absorbed per chunk step
 
 
 @dataclass
@@ -35,6 +40,7 @@ class DecodePlan:
     keep: int
     end_readout: bool
     states: dict[int, LayerState]
+    rollback: bool = False  # keep the state after each clean row (self-spec verify)
     steps: dict[int, list[LayerState]] = field(default_factory=dict)  # state after each clean row
 
 
@@ -44,6 +50,22 @@ def _step(S, q, k, v, g, beta):
     delta = beta[:, None] * (v - torch.einsum("hkv,hk->hv", S, k))
     S = S + k[:, :, None] * delta[:, None, :]
     return S, torch.einsum("hkv,hk->hv", S, q)
+
+
+def _absorb(S, q, k, v, g, beta, *, end_readout: bool = False, chunk: int = CHUNK):
+    """Absorb rows [T, H, d] into state S [H, dk, dv] chunk by chunk: (outputs [T, H, dv], exit state).
+    With `end_readout` the rows are one chunk and all read its end state (a bidirectional canvas)."""
+    T = q.shape[0]
+    if T == 0:
+        return v.new_zeros(0, *v.shape[1:]), S
+    step = T if end_readout else chunk
+    outs = []
+    for s in range(0, T, step):
+        part = slice(s, s + step)
+        terms = chunk_terms(*(x[part].transpose(0, 1) for x in (q, k, v, g, beta)))
+        o, S = chunk_step(terms, S, block_end_readout=end_readout)
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs), S
 
 
 def decode_forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
@@ -66,22 +88,24 @@ def decode_forward(self, hidden_states, cache_params=None, attention_mask=None, 
     beta = self.in_proj_b(x).sigmoid().float()
     g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
 
-    S, outs, steps = st.rec, [], []
-    for t in range(plan.n_clean):
-        S, o = _step(S, q[t], k[t], v[t], g[t], beta[t])
-        outs.append(o)
-        steps.append(LayerState(seq[t + 1 : t + K], S))
-    canvas_state = S
-    canvas_outs = []
-    for t in range(plan.n_clean, Q):
-        canvas_state, o = _step(canvas_state, q[t], k[t], v[t], g[t], beta[t])
-        canvas_outs.append(o)
-    if plan.end_readout and canvas_outs:
-        canvas_outs = list(torch.einsum("hkv,thk->thv", canvas_state, q[plan.n_clean :]))
-    core = torch.stack(outs + canvas_outs).to(x.dtype)
-    # Commit the state after `keep` clean rows; remember every clean row's for a later rollback.
-    plan.steps[self.layer_idx] = [st, *steps]
-    plan.states[self.layer_idx] = plan.steps[self.layer_idx][plan.keep]
+    n, keep = plan.n_clean, plan.keep
+    if plan.rollback:  # token by token, remembering every clean row's state for a later rollback
+        S, outs, steps = st.rec, [], []
+        for t in range(n):
+            S, o = _step(S, q[t], k[t], v[t], g[t], beta[t])
+            outs.append(o)
+            steps.append(LayerState(seq[t + 1 : t + K], S))
+        clean = torch.stack(outs) if outs else v.new_zeros(0, *v.shape[1:])
+        plan.steps[self.layer_idx] = [st, *steps]
+        plan.states[self.layer_idx] = plan.steps[self.layer_idx][keep]
+    else:  # chunked; the committed state is the one after `keep` clean rows
+        rows = (q, k, v, g, beta)
+        kept_out, S_keep = _absorb(st.rec, *(x[:keep] for x in rows))
+        rest_out, S = _absorb(S_keep, *(x[keep:n] for x in rows))
+        clean = torch.cat([kept_out, rest_out])
+        plan.states[self.layer_idx] = LayerState(seq[keep : keep + K - 1], S_keep)
+    canvas, _ = _absorb(S, *(x[n:] for x in (q, k, v, g, beta)), end_readout=plan.end_readout)
+    core = torch.cat([clean, canvas]).to(x.dtype)
     z = self.in_proj_z(x).reshape(-1, self.head_v_dim)
     core = self.norm(core.reshape(-1, self.head_v_dim), z).reshape(1, Q, -1)
     return self.out_proj(core)

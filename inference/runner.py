@@ -99,13 +99,15 @@ class ModelRunner:
         return allowed[None, None]
 
     @torch.no_grad()
-    def forward(self, rows: Rows, keep: int) -> torch.Tensor:
-        """Logits [Q, V] of `rows` (mask token banned); keep the first `keep` rows in the cache."""
+    def forward(self, rows: Rows, keep: int, *, rollback: bool = False) -> torch.Tensor:
+        """Logits [Q, V] of `rows` (mask token banned); keep the first `keep` rows in the cache.
+        `rollback`: `crop_to` may later cut back into this forward's clean rows (hybrids then keep
+        the state after each of them)."""
         Q = len(rows.tokens)
         mask = self.mask(rows)
         if self.hybrid:
             n_clean = sum(1 for s in rows.stream if s == CLEAN_STREAM)
-            self.plan = DecodePlan(n_clean, keep, not self.within_block_causal, self.states)
+            self.plan = DecodePlan(n_clean, keep, not self.within_block_causal, self.states, rollback)
             self.plan_base = self.length
             mask = {"full_attention": mask, "linear_attention": self.plan}
         out = self.model(
@@ -134,8 +136,8 @@ class ModelRunner:
             return
         if self.hybrid:
             j = length - self.plan_base
-            if self.plan is None or j < 0:
-                raise ValueError("gated-delta state can only roll back within the last forward")
+            if self.plan is None or j < 0 or not self.plan.rollback:
+                raise ValueError("gated-delta state can only roll back within the last forward, run with rollback=True")
             for i in self.linear_layers:
                 self.states[i] = self.plan.steps[i][j]
         self._crop_kv(self.length - length)

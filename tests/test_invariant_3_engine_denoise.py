@@ -27,7 +27,10 @@ IDS = SpecialIds(mask_id=MASK_ID, filler_id=FILLER_ID)
     ],
 )
 def test_engine_canvas_logits_equal_training_logits(arch, clean_causal, wbc):
-    check_engine_canvas_logits(arch, clean_causal, wbc)
+    # Hybrids: the engine and the trainer both use the chunked gated-delta form, but cut it into
+    # different chunks, so fp32 rounding differs by ~1e-5 of the logit scale (exactness of the chunked
+    # form is pinned in float64 by tests/test_hybrid_decode.py).
+    check_engine_canvas_logits(arch, clean_causal, wbc, atol=1e-4 if arch == "qwen3_5" else 2e-5)
 
 
 def check_engine_canvas_logits(

@@ -74,7 +74,8 @@ def check_state_after_k_accepted(loaded, *, atol=1e-5, rtol=1e-5):
         spec.reset()
         spec.forward(Rows().clean(ids, 0), keep=len(ids))
         c = len(ids)
-        logits = spec.forward(Rows().clean([truth[0], *drafts], c).canvas([loaded.mask_id] * (N - 1), c + N), keep=N)
+        rows = Rows().clean([truth[0], *drafts], c).canvas([loaded.mask_id] * (N - 1), c + N)
+        logits = spec.forward(rows, keep=N, rollback=True)
         got_k = greedy_accept(torch.tensor(drafts), logits[:N].argmax(-1).cpu())
         assert got_k == k
         spec.crop_to(c + 1 + k)
