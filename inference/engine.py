@@ -1,7 +1,7 @@
 """The native decode engine: causal, diffusion and self-spec over one checkpoint (DESIGN section 6).
 
-One request at a time per engine (the server queues requests); batch size 1 keeps every mode
-exact. Each mode is a loop of `ModelRunner.forward` calls whose rows follow the training layout.
+`Engine.generate` decodes one request on a one-request `ModelRunner`; the modes themselves live in
+`decode_modes.py` as generators of forwards, which `scheduler.py` also runs batched across requests.
 """
 
 from __future__ import annotations
@@ -10,17 +10,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from inference import decode_modes
 from inference.checkpoint import LoadedModel
-from inference.decode_rules import (
-    DecodeStats,
-    block_decided,
-    denoise_step,
-    first_stop,
-    greedy_accept,
-    speculative_accept,
-)
-from inference.runner import ModelRunner, Rows
-from inference.sampling import SamplingParams, pick
+from inference.decode_modes import Forward, Request
+from inference.decode_rules import DecodeStats, first_stop
+from inference.runner import ModelRunner
+from inference.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -139,134 +134,37 @@ class Engine:
         out = _Output(self.loaded.tokenizer, params, self.loaded.stop_ids, stats, on_text, cancel)
         self.runner.reset()
         try:
-            if decode.mode == "causal":
-                self._causal(prompt_ids, params, gen, out)
-            elif decode.mode == "diffusion":
-                self._diffusion(prompt_ids, params, gen, out, decode)
-            else:
-                self._self_spec(prompt_ids, params, gen, out, decode)
+            drive(self.mode(decode, self.request(prompt_ids, params, gen, out)), self.runner)
         finally:
             self.runner.reset()
         return Generation(out.tokens, out.text, out.finish or "length", stats)
 
-    # -- helpers --------------------------------------------------------------------------------
-    def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokens and their distributions for rows of logits."""
-        return pick(logits, params, self.loaded.mask_id, gen)
+    def request(self, prompt_ids, params: SamplingParams, gen, out: _Output) -> Request:
+        sc = self.loaded.sidecar
+        block_causal = sc is not None and not sc.clean_causal
+        return Request(prompt_ids, params, gen, out, self.loaded.mask_id, self.loaded.stop_ids, block_causal)
 
-    def _prefill(self, prompt_ids, params, gen, out) -> int:
-        logits = self.runner.forward(Rows().clean(prompt_ids, 0), keep=len(prompt_ids))
-        out.stats.forwards += 1
-        tok, _ = self._pick(logits[-1:], params, gen)
-        return int(tok[0])
+    def mode(self, decode: DecodeConfig, req: Request):
+        """The decode generator of `decode.mode` for one request (see decode_modes.py)."""
+        block, budget, draft = self._settings(decode)
+        if decode.mode == "causal":
+            return decode_modes.causal(req)
+        if decode.mode == "diffusion":
+            return decode_modes.diffusion(
+                req, block=block, budget=budget, threshold=decode.threshold, fuse_commit=decode.fuse_commit
+            )
+        return decode_modes.self_spec(req, draft_len=draft)
 
-    # -- modes ----------------------------------------------------------------------------------
-    def _causal(self, prompt_ids, params, gen, out: _Output) -> None:
-        tok = self._prefill(prompt_ids, params, gen, out)
-        pos = len(prompt_ids)
-        while not out.push([tok]):
-            logits = self.runner.forward(Rows().clean([tok], pos), keep=1)
-            out.stats.forwards += 1
-            tok = int(self._pick(logits, params, gen)[0][0])
-            pos += 1
 
-    def _denoise_commit(self, logits_rows, canvas, masked, params, gen, decode, last_step) -> None:
-        denoise_step(
-            logits_rows,
-            canvas,
-            masked,
-            params,
-            gen,
-            banned=self.loaded.mask_id,
-            threshold=decode.threshold,
-            last_step=last_step,
-        )
-
-    def _diffusion(self, prompt_ids, params, gen, out: _Output, decode: DecodeConfig) -> None:
-        B, budget, _ = self._settings(decode)
-        mask = self.loaded.mask_id
-        block_causal = not self.runner.clean_causal
-        # The prefill is the prompt's commit forward: fused with block 1's first denoise step, unless
-        # commits are unfused (then every block, the first included, starts from a visible seed).
-        p = len(prompt_ids)
-        if decode.fuse_commit:
-            logits = self.runner.forward(Rows().clean(prompt_ids, 0).canvas([mask] * B, p), keep=p)
-        else:
-            logits = self.runner.forward(Rows().clean(prompt_ids, 0), keep=p)
-        out.stats.forwards += 1
-        seed = int(self._pick(logits[p - 1 : p], params, gen)[0][0])
-        canvas, masked = [seed] + [mask] * (B - 1), [False] + [True] * (B - 1)
-        steps = 0
-        if decode.fuse_commit:
-            self._denoise_commit(logits[p : p + B - 1], canvas, masked, params, gen, decode, budget <= 1)
-            steps = 1
+def drive(mode, runner: ModelRunner) -> None:
+    """Run one request's decode generator on a one-request runner."""
+    try:
+        op = next(mode)
         while True:
-            while not block_decided(canvas, masked, self.loaded.stop_ids):
-                logits = self.runner.forward(Rows().canvas(canvas, p), keep=0)
-                out.stats.forwards += 1
-                steps += 1
-                self._denoise_commit(logits[:-1], canvas, masked, params, gen, decode, steps >= budget)
-            stop = first_stop(canvas, self.loaded.stop_ids)
-            if out.push(canvas[: stop + 1] if stop is not None else canvas):
-                return
-            if decode.fuse_commit:
-                rows = Rows().commit(canvas, p, block_causal=block_causal).canvas([mask] * B, p + B)
-                logits = self.runner.forward(rows, keep=B)
-                out.stats.forwards += 1
-                seed = int(self._pick(logits[B - 1 : B], params, gen)[0][0])
-                canvas, masked = [seed] + [mask] * (B - 1), [False] + [True] * (B - 1)
-                self._denoise_commit(logits[B:-1], canvas, masked, params, gen, decode, budget <= 1)
-                steps = 1
+            if isinstance(op, Forward):
+                op = mode.send(runner.forward(op.rows, op.keep, rollback=op.rollback))
             else:
-                logits = self.runner.forward(Rows().commit(canvas, p, block_causal=block_causal), keep=B)
-                out.stats.forwards += 1
-                seed = int(self._pick(logits[-1:], params, gen)[0][0])
-                canvas, masked, steps = [seed] + [mask] * (B - 1), [False] + [True] * (B - 1), 0
-            p += B
-
-    def _self_spec(self, prompt_ids, params, gen, out: _Output, decode: DecodeConfig) -> None:
-        _, _, N = self._settings(decode)
-        mask = self.loaded.mask_id
-        # The prefill doubles as a cold step: its last row gives the first token (position c); a canvas whose
-        # seed slot is that still-unknown token proposes the drafts after it (rows c..c+N-2 -> c+1..c+N-1).
-        c = len(prompt_ids)  # cache length; `pending` sits at position c
-        logits = self.runner.forward(Rows().clean(prompt_ids, 0).canvas([mask] * N, c), keep=c)
-        out.stats.forwards += 1
-        pending = int(self._pick(logits[c - 1 : c], params, gen)[0][0])
-        drafts_t, q = self._pick(logits[c : c + N - 1], params, gen)
-        drafts = drafts_t.tolist()
-        if out.push([pending]):
-            return
-        while True:
-            if drafts is None:  # cold step: one AR token, drafts for the positions after it
-                logits = self.runner.forward(Rows().clean([pending], c).canvas([mask] * (N - 1), c + 1), keep=1)
-                out.stats.forwards += 1
-                tok = int(self._pick(logits[:1], params, gen)[0][0])
-                drafts_t, q = self._pick(logits[1:], params, gen)
-                drafts = drafts_t.tolist()
-                out.stats.accepted[0] += 1
-                emitted = [tok]
-                c += 1
-            else:  # warm step: verify N - 1 drafts, propose the next N - 1
-                rows = Rows().clean([pending, *drafts], c).canvas([mask] * (N - 1), c + N)
-                logits = self.runner.forward(rows, keep=N, rollback=True)
-                out.stats.forwards += 1
-                ar_tokens, p_dist = self._pick(logits[:N], params, gen)
-                d = torch.tensor(drafts)
-                if params.greedy:
-                    k = greedy_accept(d, ar_tokens.cpu())
-                    last = int(ar_tokens[k])
-                else:
-                    k, last = speculative_accept(d, q.cpu(), p_dist.cpu(), gen)
-                out.stats.accepted[k] += 1
-                emitted = drafts[:k] + [last]
-                self.runner.crop_to(c + 1 + k)  # pending + accepted drafts stay cached
-                c += 1 + k
-                if k == N - 1:
-                    drafts_t, q = self._pick(logits[N:], params, gen)
-                    drafts = drafts_t.tolist()
-                else:
-                    drafts = None
-            if out.push(emitted):
-                return
-            pending = emitted[-1]
+                runner.crop_to(op.length)
+                op = mode.send(None)
+    except StopIteration:
+        pass
