@@ -81,6 +81,9 @@ class _Output:
                 self.sent = safe
         return self.finish is not None
 
+    def generation(self) -> Generation:
+        return Generation(self.tokens, self.text, self.finish or "length", self.stats)
+
     def _held_back(self) -> int:
         """Length of the text's tail that could still grow into a stop string (not streamed yet)."""
         hold = 0
@@ -127,17 +130,21 @@ class Engine:
     ) -> Generation:
         """Decode one request. `on_text(delta)` streams text as it is committed; setting the
         `cancel` event (threading.Event) stops the request with `Cancelled`."""
+        mode, out = self.start(prompt_ids, params, decode, on_text=on_text, cancel=cancel)
+        self.runner.reset()
+        try:
+            drive(mode, self.runner)
+        finally:
+            self.runner.reset()
+        return out.generation()
+
+    def start(self, prompt_ids, params: SamplingParams, decode=None, *, on_text=None, cancel=None):
+        """One request's decode generator and its output, for any runner (bad settings raise here)."""
         decode = decode or self.decode
         self.loaded.check_mode(decode.mode)
         gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
-        stats = DecodeStats()
-        out = _Output(self.loaded.tokenizer, params, self.loaded.stop_ids, stats, on_text, cancel)
-        self.runner.reset()
-        try:
-            drive(self.mode(decode, self.request(prompt_ids, params, gen, out)), self.runner)
-        finally:
-            self.runner.reset()
-        return Generation(out.tokens, out.text, out.finish or "length", stats)
+        out = _Output(self.loaded.tokenizer, params, self.loaded.stop_ids, DecodeStats(), on_text, cancel)
+        return self.mode(decode, self.request(prompt_ids, params, gen, out)), out
 
     def request(self, prompt_ids, params: SamplingParams, gen, out: _Output) -> Request:
         sc = self.loaded.sidecar

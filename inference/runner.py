@@ -52,6 +52,30 @@ class Rows:
         return self._add(tokens, start, CANVAS_STREAM, CANVAS_BLOCK, True)
 
 
+def decode_mask(cached: int, rows: Rows, clean_causal: bool, within_block_causal: bool, device) -> torch.Tensor:
+    """[1, 1, Q, cached + Q] bool: who each new row sees among the cached tokens and the new rows."""
+    c, Q = cached, len(rows.tokens)
+
+    def meta(stream, pos, blk, bstart):
+        s = torch.tensor(stream, device=device)
+        t = [torch.tensor(x, device=device) for x in (pos, blk, bstart)]
+        return TokenMeta(s, torch.zeros_like(s), *t)
+
+    q = meta(rows.stream, rows.pos, rows.blk, rows.bstart)
+    cached_pos = list(range(c))  # committed tokens: clean keys, all before any new row's block
+    k = meta([CLEAN_STREAM] * c + rows.stream, cached_pos + rows.pos, [-1] * c + rows.blk, cached_pos + rows.bstart)
+    qi, ki = torch.arange(c, c + Q, device=device), torch.arange(c + Q, device=device)
+    allowed = visible(
+        TokenMeta(*(x[:, None] for x in q)),
+        TokenMeta(*(x[None, :] for x in k)),
+        qi[:, None],
+        ki[None, :],
+        clean_causal=clean_causal,
+        within_block_causal=within_block_causal,
+    )
+    return allowed[None, None]
+
+
 class ModelRunner:
     def __init__(self, model, *, banned: int | None, clean_causal: bool = True, within_block_causal: bool = False):
         self.model = model
@@ -76,27 +100,7 @@ class ModelRunner:
         self.plan = None
 
     def mask(self, rows: Rows) -> torch.Tensor:
-        c, Q = self.length, len(rows.tokens)
-        dev = self.device
-
-        def meta(stream, pos, blk, bstart):
-            s = torch.tensor(stream, device=dev)
-            t = [torch.tensor(x, device=dev) for x in (pos, blk, bstart)]
-            return TokenMeta(s, torch.zeros_like(s), *t)
-
-        q = meta(rows.stream, rows.pos, rows.blk, rows.bstart)
-        cached = list(range(c))  # committed tokens: clean keys, all before any new row's block
-        k = meta([CLEAN_STREAM] * c + rows.stream, cached + rows.pos, [-1] * c + rows.blk, cached + rows.bstart)
-        qi, ki = torch.arange(c, c + Q, device=dev), torch.arange(c + Q, device=dev)
-        allowed = visible(
-            TokenMeta(*(x[:, None] for x in q)),
-            TokenMeta(*(x[None, :] for x in k)),
-            qi[:, None],
-            ki[None, :],
-            clean_causal=self.clean_causal,
-            within_block_causal=self.within_block_causal,
-        )
-        return allowed[None, None]
+        return decode_mask(self.length, rows, self.clean_causal, self.within_block_causal, self.device)
 
     @torch.no_grad()
     def forward(self, rows: Rows, keep: int, *, rollback: bool = False) -> torch.Tensor:

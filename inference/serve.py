@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--draft-len", type=int, default=None, help="self-spec N (default and max: trained bd_size)")
     n.add_argument("--no-fuse-commit", action="store_true", help="diffusion: unfused commit and prefill forwards")
     n.add_argument("--max-tokens", type=int, default=512, help="default max_tokens when a request gives none")
+    n.add_argument(
+        "--max-batch", type=int, default=8, help="requests decoded together (dense models; default 8, 1: one at a time)"
+    )
     s = p.add_argument_group("SGLang backend")
     s.add_argument(
         "--sglang-python",
@@ -167,6 +170,7 @@ def run_native(args, extra: list[str]) -> int:
             model_name=args.served_model_name or loaded.name,
             api_key=args.api_key,
             default_max_tokens=args.max_tokens,
+            max_batch=args.max_batch,
         )
     except (CheckpointError, ValueError, NotImplementedError) as e:
         raise SystemExit(f"serve.py: error: {e}") from e

@@ -1,8 +1,9 @@
 """OpenAI-compatible HTTP server over the native engine (FastAPI + uvicorn).
 
-Requests queue on one lock: the engine decodes one request at a time (batch size 1 keeps every
-mode exact). Generation runs in a worker thread; streaming deltas cross to the event loop through
-an asyncio queue. A client that disconnects mid-stream cancels its request at the next token.
+Concurrent requests are batched into shared forwards by `scheduler.py` (dense models, up to
+`max_batch` in flight; hybrids decode one at a time). Each request waits in a worker thread;
+streaming deltas cross to the event loop through an asyncio queue. A client that disconnects
+mid-stream cancels its request at the next token.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from inference.protocol import (
     tool_request,
     usage,
 )
+from inference.scheduler import Scheduler
 from inference.tool_calls import content_before_tool_call, forced_prefix, parse_tool_calls
 
 
@@ -40,13 +42,14 @@ def create_app(
     model_name: str,
     api_key: str | None = None,
     default_max_tokens: int = 512,
+    max_batch: int = 8,
 ) -> FastAPI:
     engine = Engine(loaded, decode)
+    scheduler = Scheduler(engine, max_batch)
     metrics = ServerMetrics()
-    lock = asyncio.Lock()
     max_context = getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30
     app = FastAPI(title="bdstack", version="0.1.0")
-    app.state.engine, app.state.metrics = engine, metrics
+    app.state.engine, app.state.metrics, app.state.scheduler = engine, metrics, scheduler
 
     @app.exception_handler(APIError)
     async def _api_error(_request, exc: APIError):
@@ -91,14 +94,9 @@ def create_app(
             raise APIError(400, str(e), param="mode") from e
         return replace(decode, mode=mode)
 
-    async def start_exclusive(fn) -> asyncio.Future:
-        """Run `fn` in a worker thread holding the engine lock; the lock is released when the thread
-        ends, not when the request's coroutine does (a disconnected client must not let a second
-        request into the engine while the first is still stopping)."""
-        await lock.acquire()
-        task = asyncio.ensure_future(asyncio.to_thread(fn))
-        task.add_done_callback(lambda _t: lock.release())
-        return task
+    async def start(fn) -> asyncio.Future:
+        """Run `fn` in a worker thread (the scheduler decides what runs together)."""
+        return asyncio.ensure_future(asyncio.to_thread(fn))
 
     async def run(
         kind: str, body: dict, prompt_ids: list[int], build, request: Request, tools: ToolRequest | None = None
@@ -140,7 +138,7 @@ def create_app(
             return content, (calls if tools.parallel else calls[:1])
 
         if not body.get("stream"):
-            gen = await asyncio.shield(await start_exclusive(lambda: engine.generate(prompt_ids, params, dec)))
+            gen = await asyncio.shield(await start(lambda: scheduler.generate(prompt_ids, params, dec)))
             metrics.record(
                 kind, dec.mode, 200, prompt_tokens=len(prompt_ids), stats=gen.stats, latency=time.perf_counter() - t0
             )
@@ -158,7 +156,7 @@ def create_app(
 
         def worker():
             try:
-                gen = engine.generate(
+                gen = scheduler.generate(
                     prompt_ids,
                     params,
                     dec,
@@ -174,7 +172,7 @@ def create_app(
         async def events():
             status = 200
             try:
-                task = await start_exclusive(worker)
+                task = await start(worker)
                 yield _sse(build.chunk(rid, created, {"role": "assistant", "content": ""}, None))
                 text, sent = prefix, 0  # with tools, a possible <tool_call> block is held back
                 while True:

@@ -58,7 +58,7 @@ def server(tmp_path_factory):
 
 
 class Scripted:
-    """Stands in for the engine's generate: replies with the next scripted text (streamed piece by piece
+    """Stands in for the scheduler's generate: replies with the next scripted text (streamed piece by piece
     through on_text, as the engine does) and records the decoded prompts."""
 
     def __init__(self, tokenizer, replies):
@@ -77,11 +77,11 @@ class Scripted:
 
 @pytest.fixture
 def scripted(server, monkeypatch):
-    engine = server[1].state.engine
+    state = server[1].state
 
     def install(*replies):
-        fake = Scripted(engine.loaded.tokenizer, replies)
-        monkeypatch.setattr(engine, "generate", fake)
+        fake = Scripted(state.engine.loaded.tokenizer, replies)
+        monkeypatch.setattr(state.scheduler, "generate", fake)
         return fake
 
     return install

@@ -1,0 +1,132 @@
+"""Continuous batching (inference/scheduler.py, inference/batch_runner.py): requests decoded together
+give exactly what each gives alone, in every mode and any mix of modes; hybrids fall back to one at a
+time; a cancelled or failing request leaves the others untouched."""
+
+import threading
+
+import pytest
+import torch
+
+from inference.batch_runner import BatchRunner, RequestCache
+from inference.checkpoint import load_checkpoint
+from inference.engine import Cancelled, DecodeConfig, Engine
+from inference.runner import ModelRunner, Rows
+from inference.sampling import SamplingParams
+from inference.scheduler import Scheduler
+from tests.test_invariant_4_self_spec import _prompts
+from tests.tiny import tiny_checkpoint
+
+MAX_TOKENS = (24, 7, 24, 13, 24, 3, 24, 24)
+
+
+@pytest.fixture(scope="module", params=[("qwen3", True), ("llama", True), ("qwen3", False)], ids=str)
+def loaded(request, tmp_path_factory):
+    arch, clean_causal = request.param
+    path = tmp_path_factory.mktemp(arch)
+    return load_checkpoint(tiny_checkpoint(path, arch=arch, bd_size=4, clean_causal=clean_causal))
+
+
+def _concurrently(fn, n):
+    results, errors = [None] * n, [None] * n
+
+    def run(i):
+        try:
+            results[i] = fn(i)
+        except BaseException as e:  # noqa: BLE001 (recorded for the assertion)
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    return results, errors
+
+
+def _decodes(loaded):
+    modes = [DecodeConfig(mode="causal"), DecodeConfig(mode="diffusion", threshold=0.5)]
+    if loaded.sidecar.clean_causal:
+        modes.append(DecodeConfig(mode="self-spec"))
+    return modes
+
+
+@pytest.mark.parametrize("mix", [False, True], ids=["one-mode", "mixed-modes"])
+def test_batched_equals_one_by_one(loaded, mix):
+    engine = Engine(loaded)
+    prompts = _prompts(loaded.tokenizer, len(MAX_TOKENS), seed=5)
+    params = [SamplingParams(max_tokens=m) for m in MAX_TOKENS]
+    decodes = _decodes(loaded)
+    plans = [[decodes[i % len(decodes)] for i in range(len(prompts))]] if mix else [[d] * len(prompts) for d in decodes]
+    for plan in plans:
+        scheduler = Scheduler(engine, max_batch=8)
+        want = [engine.generate(p, q, d) for p, q, d in zip(prompts, params, plan)]
+        got, errors = _concurrently(
+            lambda i, s=scheduler, d=plan: s.generate(prompts[i], params[i], d[i]), len(prompts)
+        )
+        assert errors == [None] * len(prompts)
+        for a, b in zip(want, got):
+            assert (b.tokens, b.finish_reason, b.stats.forwards) == (a.tokens, a.finish_reason, a.stats.forwards)
+        assert max(scheduler.batch_sizes) > 1, "requests really shared forwards"
+
+
+def test_batch_runner_logits_match_the_one_request_runner(loaded):
+    model, mask = loaded.model, loaded.mask_id
+    prompts = _prompts(loaded.tokenizer, 3, seed=9)
+    batch = BatchRunner(model, banned=mask, clean_causal=loaded.sidecar.clean_causal)
+    caches = [RequestCache() for _ in prompts]
+    singles = [ModelRunner(model, banned=mask, clean_causal=loaded.sidecar.clean_causal) for _ in prompts]
+    for r in singles:
+        r.reset()
+    steps = [
+        [(Rows().clean(p, 0), len(p)) for p in prompts],
+        [(Rows().clean([5, 6], len(p)).canvas([mask] * 3, len(p) + 2), 2) for p in prompts],
+        [(Rows().canvas([7, mask, mask, mask], len(p) + 2), 0) for p in prompts],
+    ]
+    for step in steps:
+        got = batch.forward([(c, rows, keep) for c, (rows, keep) in zip(caches, step)])
+        for g, runner, (rows, keep) in zip(got, singles, step):
+            torch.testing.assert_close(g, runner.forward(rows, keep), atol=1e-4, rtol=1e-4)
+        assert [c.length for c in caches] == [r.length for r in singles]
+    caches[0].crop(caches[0].length - 1)
+    singles[0].crop_to(singles[0].length - 1)
+    rows = Rows().clean([9], caches[0].length)
+    torch.testing.assert_close(
+        batch.forward([(caches[0], rows, 1)])[0], singles[0].forward(rows, 1), atol=1e-4, rtol=1e-4
+    )
+
+
+def test_cancelled_request_leaves_the_batch_intact(tmp_path):
+    loaded = load_checkpoint(tiny_checkpoint(tmp_path, bd_size=4))
+    engine = Engine(loaded, DecodeConfig(mode="self-spec"))
+    scheduler = Scheduler(engine, max_batch=4)
+    prompts = _prompts(loaded.tokenizer, 4, seed=11)
+    params = SamplingParams(max_tokens=40)
+    cancel = threading.Event()
+    want = [engine.generate(p, params) for p in prompts]
+    assert len(want[0].tokens) > 2, "the cancelled request would have gone on"
+
+    def run(i):
+        if i == 0:
+            return scheduler.generate(prompts[0], params, on_text=lambda _d: cancel.set(), cancel=cancel)
+        return scheduler.generate(prompts[i], params)
+
+    got, errors = _concurrently(run, 4)
+    assert isinstance(errors[0], Cancelled)
+    assert [g.tokens for g in got[1:]] == [w.tokens for w in want[1:]]
+
+
+def test_bad_settings_fail_in_the_caller_and_hybrids_go_one_at_a_time(tmp_path):
+    dense = load_checkpoint(tiny_checkpoint(tmp_path / "d", bd_size=4))
+    with pytest.raises(ValueError, match="exceeds the trained block size"):
+        Scheduler(Engine(dense), 4).generate([1, 2, 3], SamplingParams(), DecodeConfig(mode="self-spec", draft_len=9))
+    with pytest.raises(ValueError, match="max_batch"):
+        Scheduler(Engine(dense), 0)
+    hybrid = load_checkpoint(tiny_checkpoint(tmp_path / "h", arch="qwen3_5", bd_size=4))
+    engine = Engine(hybrid, DecodeConfig(mode="self-spec"))
+    scheduler = Scheduler(engine, max_batch=8)
+    assert scheduler.batch_runner is None
+    prompts = _prompts(hybrid.tokenizer, 3, seed=2)
+    params = SamplingParams(max_tokens=12)
+    got, errors = _concurrently(lambda i: scheduler.generate(prompts[i], params), 3)
+    assert errors == [None] * 3
+    assert [g.tokens for g in got] == [engine.generate(p, params).tokens for p in prompts]
