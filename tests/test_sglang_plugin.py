@@ -197,16 +197,23 @@ def test_canvas_attention_switch_flips_every_attention_layer():
     class RadixAttention(torch.nn.Module):
         attn_type = AttentionType.DECODER
 
-    model = torch.nn.Sequential(torch.nn.Linear(2, 2), RadixAttention(), torch.nn.Sequential(RadixAttention()))
+    class LogitsProcessor(torch.nn.Module):
+        return_full_logits = False
+
+    head = LogitsProcessor()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), RadixAttention(), torch.nn.Sequential(RadixAttention()), head)
     holder = SimpleNamespace()
     switch = plugin.canvas_attention_switch(RadixAttention, AttentionType)
     switch(holder, SimpleNamespace(model=model), bidirectional=True)
+    assert head.return_full_logits, "canvas forwards need every row's logits"
     kinds = [m.attn_type for m in model.modules() if isinstance(m, RadixAttention)]
     assert kinds == [AttentionType.DECODER_BIDIRECTIONAL] * 2
     switch(holder, SimpleNamespace(model=model), bidirectional=False)
     assert all(m.attn_type is AttentionType.DECODER for m in model.modules() if isinstance(m, RadixAttention))
     with pytest.raises(plugin.PluginError, match="no RadixAttention"):
         switch(SimpleNamespace(), SimpleNamespace(model=torch.nn.Linear(2, 2)), bidirectional=True)
+    with pytest.raises(plugin.PluginError, match="no LogitsProcessor"):
+        switch(SimpleNamespace(), SimpleNamespace(model=torch.nn.Sequential(RadixAttention())), bidirectional=True)
 
 
 def test_unsupported_request_features_are_named():

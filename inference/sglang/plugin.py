@@ -11,7 +11,8 @@ their stock architecture (e.g. Qwen3ForCausalLM), so `register()`:
    `block_diffusion.json`; every other algorithm goes to SGLang's own code unchanged;
 3. gives the algorithms their canvas attention switch: SGLang's Triton backend makes a DLLM_EXTEND
    forward bidirectional for attention layers whose `attn_type` is DECODER_BIDIRECTIONAL, causal
-   otherwise, while ordinary EXTEND forwards (our commits) stay causal either way.
+   otherwise, while ordinary EXTEND forwards (our commits) stay causal either way; the first call
+   also makes the model's LogitsProcessor return every canvas row's logits (`return_full_logits`).
 
 `launch.py` calls `register()` at import, so it runs in the launcher and in every process SGLang
 spawns (spawned children re-import the main module). The pieces below take SGLang's classes as
@@ -116,9 +117,17 @@ def canvas_attention_switch(radix_attention_cls, attention_type):
     def canvas_attention(self, model_runner, *, bidirectional: bool) -> None:
         layers = getattr(self, "_attention_layers", None)
         if layers is None:
-            layers = [m for m in model_runner.model.modules() if isinstance(m, radix_attention_cls)]
+            modules = list(model_runner.model.modules())
+            layers = [m for m in modules if isinstance(m, radix_attention_cls)]
             if not layers:
                 raise PluginError("no RadixAttention layers in the served model: cannot set canvas attention")
+            # A DLLM_EXTEND forward returns every canvas row's logits only from a LogitsProcessor built
+            # with return_full_logits (SGLang's dLLM model classes set it; stock causal ones do not).
+            heads = [m for m in modules if hasattr(m, "return_full_logits")]
+            if not heads:
+                raise PluginError("no LogitsProcessor in the served model: cannot return canvas logits")
+            for head in heads:
+                head.return_full_logits = True
             self._attention_layers = layers
         kind = attention_type.DECODER_BIDIRECTIONAL if bidirectional else attention_type.DECODER
         for layer in layers:
