@@ -9,6 +9,7 @@ import pytest
 from openai import OpenAI
 
 from benchmark.agentic import probe
+from benchmark.agentic.probe_cases import ASK, SYSTEM, TOOLS
 from inference.engine import Generation
 from tests.conftest import native_server
 from tests.tiny import tiny_checkpoint
@@ -149,8 +150,8 @@ def test_multi_turn_tool_round_trip_through_the_openai_client(server, scripted):
         "It is 18 degrees and clear in Paris.",
     )
     client = OpenAI(base_url=server[0] + "/v1", api_key="x", max_retries=0)
-    messages = [probe.SYSTEM, probe.ASK]
-    first = client.chat.completions.create(model="tiny", messages=messages, tools=probe.TOOLS, tool_choice="auto")
+    messages = [SYSTEM, ASK]
+    first = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, tool_choice="auto")
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me look."
     (call,) = choice.message.tool_calls
@@ -163,7 +164,7 @@ def test_multi_turn_tool_round_trip_through_the_openai_client(server, scripted):
         choice.message.model_dump(exclude_none=False),
         {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'},
     ]
-    second = client.chat.completions.create(model="tiny", messages=messages, tools=probe.TOOLS)
+    second = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS)
     assert second.choices[0].finish_reason == "stop"
     assert second.choices[0].message.content == "It is 18 degrees and clear in Paris."
     assert not second.choices[0].message.tool_calls
@@ -179,12 +180,12 @@ def test_tool_choice_forcing_none_and_validation(server, scripted):
     client = OpenAI(base_url=server[0] + "/v1", api_key="x", max_retries=0)
     fake = scripted('{"city": "Oslo"}}\n</tool_call>', "plain", '"search_flights", "arguments": {}}')
     named = {"type": "function", "function": {"name": "get_weather"}}
-    r = client.chat.completions.create(model="tiny", messages=[probe.ASK], tools=probe.TOOLS, tool_choice=named)
+    r = client.chat.completions.create(model="tiny", messages=[ASK], tools=TOOLS, tool_choice=named)
     assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
     assert fake.prompts[0].endswith('<tool_call>\n{"name": "get_weather", "arguments": ')
-    r = client.chat.completions.create(model="tiny", messages=[probe.ASK], tools=probe.TOOLS, tool_choice="none")
+    r = client.chat.completions.create(model="tiny", messages=[ASK], tools=TOOLS, tool_choice="none")
     assert r.choices[0].message.content == "plain" and "<tools>" not in fake.prompts[1]
-    r = client.chat.completions.create(model="tiny", messages=[probe.ASK], tools=probe.TOOLS, tool_choice="required")
+    r = client.chat.completions.create(model="tiny", messages=[ASK], tools=TOOLS, tool_choice="required")
     assert fake.prompts[2].endswith("<tool_call>\n")
     # the model's continuation did not complete a call: the text (forced prefix included) is content
     assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content.startswith("<tool_call>")
@@ -201,7 +202,7 @@ def test_tool_choice_forcing_none_and_validation(server, scripted):
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
     ]
     for extra in bad:
-        body = {"model": "tiny", "messages": [probe.ASK], "tools": probe.TOOLS, **extra}
+        body = {"model": "tiny", "messages": [ASK], "tools": TOOLS, **extra}
         if body["tools"] is None:
             del body["tools"]
         status, text = _post(server[0], body)
@@ -220,14 +221,14 @@ def test_response_format_becomes_a_system_instruction(server, scripted):
     assert json.loads(r.choices[0].message.content) == {"answer": "4"}
     assert fake.prompts[0].startswith("<|im_start|>system\nBe exact.\n\nReply with one valid JSON object")
     assert json.dumps(schema) in fake.prompts[0]
-    client.chat.completions.create(model="tiny", messages=[probe.ASK], response_format={"type": "json_object"})
+    client.chat.completions.create(model="tiny", messages=[ASK], response_format={"type": "json_object"})
     assert fake.prompts[1].startswith("<|im_start|>system\nReply with one valid JSON object")
 
 
 def test_streamed_tool_call_keeps_surrounding_text(server, scripted):
     scripted('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\nDone.')
     client = OpenAI(base_url=server[0] + "/v1", api_key="x", max_retries=0)
-    chunks = list(client.chat.completions.create(model="tiny", messages=[probe.ASK], tools=probe.TOOLS, stream=True))
+    chunks = list(client.chat.completions.create(model="tiny", messages=[ASK], tools=TOOLS, stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert text.startswith("Checking.") and text.endswith("Done.") and "<tool_call>" not in text
