@@ -41,6 +41,7 @@ class DecodePlan:
     end_readout: bool
     states: dict[int, LayerState]
     rollback: bool = False  # keep the state after each clean row (self-spec verify)
+    rows: int = 0  # batched decoding: this request's real rows in its batch row
     steps: dict[int, list[LayerState]] = field(default_factory=dict)  # state after each clean row
 
 
@@ -69,8 +70,18 @@ def _absorb(S, q, k, v, g, beta, *, end_readout: bool = False, chunk: int = CHUN
 
 
 def decode_forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
-    plan: DecodePlan = attention_mask
-    x = hidden_states[0]
+    """`attention_mask` is this forward's DecodePlan, or one plan per batch row (batched decoding:
+    row b's first `plan.rows` positions are real, the rest padding, whose output is zero)."""
+    if isinstance(attention_mask, DecodePlan):
+        return _decode_rows(self, hidden_states[0], attention_mask)[None]
+    out = hidden_states.new_zeros(*hidden_states.shape[:2], self.out_proj.out_features)
+    for b, plan in enumerate(attention_mask):
+        out[b, : plan.rows] = _decode_rows(self, hidden_states[b, : plan.rows], plan)
+    return out
+
+
+def _decode_rows(self, x, plan: DecodePlan):
+    """One request's rows [Q, hidden] through the gated-delta layer -> [Q, hidden]."""
     Q, K = x.shape[0], self.conv_kernel_size
     st = plan.states.get(self.layer_idx)
     if st is None:
@@ -107,7 +118,7 @@ def decode_forward(self, hidden_states, cache_params=None, attention_mask=None, 
     canvas, _ = _absorb(S, *(x[n:] for x in (q, k, v, g, beta)), end_readout=plan.end_readout)
     core = torch.cat([clean, canvas]).to(x.dtype)
     z = self.in_proj_z(x).reshape(-1, self.head_v_dim)
-    core = self.norm(core.reshape(-1, self.head_v_dim), z).reshape(1, Q, -1)
+    core = self.norm(core.reshape(-1, self.head_v_dim), z).reshape(Q, -1)
     return self.out_proj(core)
 
 

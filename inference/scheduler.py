@@ -4,7 +4,8 @@
 is done. Dense models: one scheduler thread keeps up to `max_batch` requests in flight, each a decode
 generator from `decode_modes.py` (any mix of modes), and runs their next forwards as one batched
 forward (`batch_runner.py`); a request joins at the next step and leaves when it finishes, fails or is
-cancelled. Hybrid models, and `max_batch` 1, decode one request at a time on the engine's runner.
+cancelled. Hybrid models batch the same way (their gated-delta layers run request by request inside
+the shared forward). `max_batch` 1 decodes one request at a time on the engine's runner.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Scheduler:
         self.engine, self.max_batch = engine, max_batch
         loaded, sc = engine.loaded, engine.loaded.sidecar
         self.batch_runner = None
-        if max_batch > 1 and not loaded.hybrid:
+        if max_batch > 1:
             self.batch_runner = BatchRunner(
                 loaded.model,
                 banned=loaded.mask_id,
@@ -84,7 +85,7 @@ class Scheduler:
             if not active:
                 continue
             try:
-                logits = self.batch_runner.forward([(j.cache, j.op.rows, j.op.keep) for j in active])
+                logits = self.batch_runner.forward([(j.cache, j.op.rows, j.op.keep, j.op.rollback) for j in active])
             except Exception as e:  # the forward itself failed: every request in it fails
                 for job in active:
                     job.error = e

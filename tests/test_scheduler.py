@@ -1,6 +1,6 @@
 """Continuous batching (inference/scheduler.py, inference/batch_runner.py): requests decoded together
-give exactly what each gives alone, in every mode and any mix of modes; hybrids fall back to one at a
-time; a cancelled or failing request leaves the others untouched."""
+give exactly what each gives alone, in every mode and any mix of modes, dense and hybrid; a cancelled
+or failing request leaves the others untouched."""
 
 import threading
 
@@ -19,7 +19,7 @@ from tests.tiny import tiny_checkpoint
 MAX_TOKENS = (24, 7, 24, 13, 24, 3, 24, 24)
 
 
-@pytest.fixture(scope="module", params=[("qwen3", True), ("llama", True), ("qwen3", False)], ids=str)
+@pytest.fixture(scope="module", params=[("qwen3", True), ("llama", True), ("qwen3", False), ("qwen3_5", True)], ids=str)
 def loaded(request, tmp_path_factory):
     arch, clean_causal = request.param
     path = tmp_path_factory.mktemp(arch)
@@ -83,15 +83,19 @@ def test_batch_runner_logits_match_the_one_request_runner(loaded):
         [(Rows().canvas([7, mask, mask, mask], len(p) + 2), 0) for p in prompts],
     ]
     for step in steps:
-        got = batch.forward([(c, rows, keep) for c, (rows, keep) in zip(caches, step)])
+        got = batch.forward([(c, rows, keep, False) for c, (rows, keep) in zip(caches, step)])
         for g, runner, (rows, keep) in zip(got, singles, step):
             torch.testing.assert_close(g, runner.forward(rows, keep), atol=1e-4, rtol=1e-4)
         assert [c.length for c in caches] == [r.length for r in singles]
+    # a rollback forward, cut back by one token in both
+    rows = Rows().clean([9, 10, 11], caches[0].length)
+    batch.forward([(caches[0], rows, 3, True)])
+    singles[0].forward(rows, 3, rollback=True)
     caches[0].crop(caches[0].length - 1)
     singles[0].crop_to(singles[0].length - 1)
     rows = Rows().clean([9], caches[0].length)
     torch.testing.assert_close(
-        batch.forward([(caches[0], rows, 1)])[0], singles[0].forward(rows, 1), atol=1e-4, rtol=1e-4
+        batch.forward([(caches[0], rows, 1, False)])[0], singles[0].forward(rows, 1), atol=1e-4, rtol=1e-4
     )
 
 
@@ -115,18 +119,9 @@ def test_cancelled_request_leaves_the_batch_intact(tmp_path):
     assert [g.tokens for g in got[1:]] == [w.tokens for w in want[1:]]
 
 
-def test_bad_settings_fail_in_the_caller_and_hybrids_go_one_at_a_time(tmp_path):
+def test_bad_settings_fail_in_the_caller(tmp_path):
     dense = load_checkpoint(tiny_checkpoint(tmp_path / "d", bd_size=4))
     with pytest.raises(ValueError, match="exceeds the trained block size"):
         Scheduler(Engine(dense), 4).generate([1, 2, 3], SamplingParams(), DecodeConfig(mode="self-spec", draft_len=9))
     with pytest.raises(ValueError, match="max_batch"):
         Scheduler(Engine(dense), 0)
-    hybrid = load_checkpoint(tiny_checkpoint(tmp_path / "h", arch="qwen3_5", bd_size=4))
-    engine = Engine(hybrid, DecodeConfig(mode="self-spec"))
-    scheduler = Scheduler(engine, max_batch=8)
-    assert scheduler.batch_runner is None
-    prompts = _prompts(hybrid.tokenizer, 3, seed=2)
-    params = SamplingParams(max_tokens=12)
-    got, errors = _concurrently(lambda i: scheduler.generate(prompts[i], params), 3)
-    assert errors == [None] * 3
-    assert [g.tokens for g in got] == [engine.generate(p, params).tokens for p in prompts]
