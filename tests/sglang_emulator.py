@@ -6,10 +6,13 @@ last one (EXTEND, last-row logits per request), then a canvas pass of `block_siz
 (DLLM_EXTEND, full logits, KV discarded); the returned tokens are appended to the output, cut at the
 first stop token or max_tokens, and become the next context pass's input. Forwards are the native
 engine's (`inference.runner`), with the canvas bidirectional or causal as the algorithm asks.
+Hybrid models behave like SGLang's gated-delta layers: a (causal) canvas forward absorbs the canvas
+into the request's recurrent state and leaves it there, unless the algorithm's state guard restores it.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -74,6 +77,12 @@ class EmulatedModelRunner:
             rows = []
             for rid, canvas in zip(batch.rids, canvases):
                 cache = self.cache(rid)
+                if cache.hybrid:  # SGLang: token-causal canvas whose state is written to the request's slot
+                    assert not self.bidirectional, "SGLang's gated-delta kernels have no bidirectional canvas"
+                    rows.append(cache.forward(Rows().clean(canvas, cache.length), keep=len(canvas)))
+                    cache._crop_kv(len(canvas))  # the canvas KV is discarded, its recurrent state is not
+                    cache.length -= len(canvas)
+                    continue
                 r = Rows().canvas(canvas, cache.length) if self.bidirectional else Rows().clean(canvas, cache.length)
                 rows.append(cache.forward(r, keep=0))
             out = SimpleNamespace(next_token_logits=None, full_logits=torch.cat(rows))
@@ -81,15 +90,29 @@ class EmulatedModelRunner:
 
 
 class EmulatedAttention:
-    """The backend hook: the emulated runner reads the flag the algorithm sets."""
+    """The backend hooks: the emulated runner reads the flag the algorithm sets; the state guard
+    snapshots and restores each request's gated-delta states."""
 
     @staticmethod
     def canvas_attention(self, model_runner: EmulatedModelRunner, *, bidirectional: bool) -> None:
         model_runner.bidirectional = bidirectional
 
+    @staticmethod
+    @contextlib.contextmanager
+    def recurrent_state_guard(self, model_runner: EmulatedModelRunner, forward_batch):
+        saved = {rid: dict(model_runner.cache(rid).states) for rid in forward_batch.rids}
+        try:
+            yield
+        finally:
+            for rid, states in saved.items():
+                model_runner.cache(rid).states = states
 
-def emulated(cls: type[ShiftedCanvasAlgorithm]) -> type[ShiftedCanvasAlgorithm]:
-    return type(f"Emulated{cls.__name__}", (cls,), {"canvas_attention": EmulatedAttention.canvas_attention})
+
+def emulated(cls: type[ShiftedCanvasAlgorithm], *, state_guard: bool = True) -> type[ShiftedCanvasAlgorithm]:
+    hooks = {"canvas_attention": EmulatedAttention.canvas_attention}
+    if state_guard:
+        hooks["recurrent_state_guard"] = EmulatedAttention.recurrent_state_guard
+    return type(f"Emulated{cls.__name__}", (cls,), hooks)
 
 
 def _sampling_info(params: list[SamplingParams], vocab: int) -> SimpleNamespace:

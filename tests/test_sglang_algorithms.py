@@ -134,3 +134,37 @@ def test_settings_round_trip_and_errors(loaded):
         DecodeSettings.from_dict(s.to_dict() | {"filler_id": s.mask_id})
     with pytest.raises(ValueError, match="algorithm"):
         DecodeSettings.from_dict(s.to_dict() | {"algorithm": "LowConfidence"})
+
+
+@pytest.fixture(scope="module")
+def hybrid_wbc(tmp_path_factory):
+    """A Qwen3.5 (gated-delta) checkpoint whose canvas is within-block causal: what SGLang can serve."""
+    import json
+
+    path = tiny_checkpoint(tmp_path_factory.mktemp("hybrid"), arch="qwen3_5", bd_size=4)
+    sidecar = json.loads((path / "block_diffusion.json").read_text())
+    (path / "block_diffusion.json").write_text(json.dumps(sidecar | {"within_block_causal": True}))
+    return load_checkpoint(path)
+
+
+def test_hybrid_self_spec_equals_causal_only_with_the_state_guard(hybrid_wbc):
+    loaded = hybrid_wbc
+    settings = _settings(loaded, SELF_SPEC, within_block_causal=True)
+    prompts = _prompts(loaded.tokenizer, 6, seed=8)
+    params = [SamplingParams(max_tokens=16)] * len(prompts)
+    want = [Engine(loaded, DecodeConfig(mode="causal")).generate(p, q).tokens for p, q in zip(prompts, params)]
+    got, _ = serve(loaded, emulated(SelfSpec)(settings), prompts, params)
+    assert got == want
+    unguarded, _ = serve(loaded, emulated(SelfSpec, state_guard=False)(settings), prompts, params)
+    assert unguarded != want, "without the guard the canvas tokens leak into the recurrent state"
+
+
+def test_hybrid_diffusion_equals_native_unfused(hybrid_wbc):
+    loaded = hybrid_wbc
+    algo = emulated(ShiftedDiffusion)(_settings(loaded, DIFFUSION, threshold=0.5, within_block_causal=True))
+    native = Engine(loaded, DecodeConfig(mode="diffusion", threshold=0.5, fuse_commit=False))
+    params = SamplingParams(max_tokens=16)
+    for ids in _prompts(loaded.tokenizer, 4, seed=9):
+        (got,), forwards = serve(loaded, algo, [ids], [params])
+        ref = native.generate(ids, params)
+        assert got == ref.tokens and forwards == ref.stats.forwards

@@ -111,13 +111,42 @@ def test_checkpoint_checks(ckpt, tmp_path):
         check(good, changed)
 
 
-def test_hybrid_checkpoints_are_refused_with_the_reason(tmp_path):
+def test_hybrid_checkpoints_need_a_within_block_causal_canvas(tmp_path):
     hybrid = tiny_checkpoint(tmp_path / "h", arch="qwen3_5", bd_size=4)
     settings = bdstack_settings(hybrid, "diffusion")
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(settings.to_dict()))
-    with pytest.raises(plugin.PluginError, match="hybrid .* --backend native"):
+    with pytest.raises(plugin.PluginError, match="hybrid .* bidirectional canvas .* --backend native"):
         plugin.load_settings(str(hybrid), DIFFUSION, str(path))
+    sidecar = json.loads((hybrid / "block_diffusion.json").read_text())
+    (hybrid / "block_diffusion.json").write_text(json.dumps(sidecar | {"within_block_causal": True}))
+    settings = bdstack_settings(hybrid, "self-spec")
+    assert settings.within_block_causal
+    path.write_text(yaml.safe_dump(settings.to_dict()))
+    assert plugin.load_settings(str(hybrid), SELF_SPEC, str(path)) == settings
+
+
+def test_mamba_state_guard_restores_the_batch_slots_only():
+    # SGLang's mamba pool layout (0.5.23): conv = [tensor [layers, slots, ...]], temporal [layers, slots, H, K, V]
+    conv = [torch.arange(2 * 5 * 3, dtype=torch.float32).reshape(2, 5, 3)]
+    temporal = torch.randn(2, 5, 2, 4, 4)
+    cache = SimpleNamespace(conv=conv, temporal=temporal)
+    mapping = torch.tensor([3, 0, 4, 1, 2])  # request pool index -> mamba slot
+    pool = SimpleNamespace(
+        mamba_pool=SimpleNamespace(mamba_cache=cache), get_mamba_indices=lambda req_idx: mapping[req_idx]
+    )
+    runner = SimpleNamespace(req_to_token_pool=pool)
+    batch = SimpleNamespace(req_pool_indices=torch.tensor([0, 2]))  # slots 3 and 4
+    before_conv, before_temporal = conv[0].clone(), temporal.clone()
+    with plugin.mamba_state_guard(None, runner, batch):
+        conv[0].add_(100.0)  # the canvas forward writes every slot it touches (and here, all of them)
+        temporal.mul_(2.0)
+    torch.testing.assert_close(conv[0][:, [3, 4]], before_conv[:, [3, 4]])
+    torch.testing.assert_close(temporal[:, [3, 4]], before_temporal[:, [3, 4]])
+    torch.testing.assert_close(conv[0][:, [0, 1, 2]], before_conv[:, [0, 1, 2]] + 100.0)
+    dense = SimpleNamespace(req_to_token_pool=SimpleNamespace())
+    with plugin.mamba_state_guard(None, dense, batch):
+        pass
 
 
 class StandInDllmConfig:
@@ -181,7 +210,8 @@ def test_registered_class_decodes_like_causal(ckpt):
     cls.configure_server_args(None)
     assert decided == [cls]
     config = StandInDllmConfig(SELF_SPEC, settings.to_dict(), settings.block_size, settings.mask_id, 1)
-    algo = cls(config)
+    assert cls.recurrent_state_guard is plugin.mamba_state_guard  # SGLang's pool; tested on its own below
+    algo = type("Emulated", (cls,), {"recurrent_state_guard": EmulatedAttention.recurrent_state_guard})(config)
     prompts = _prompts(loaded.tokenizer, 4, seed=7)
     params = [SamplingParams(max_tokens=16)] * 4
     got, _ = emulate(loaded, algo, prompts, params)

@@ -23,6 +23,7 @@ because SGLang's canvas attention has no per-row mask to mix causal verify rows 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections import OrderedDict
 
@@ -72,10 +73,15 @@ class ShiftedCanvasAlgorithm:
         self._seeds: dict[str, tuple[int, int]] = {}
         self._generators: OrderedDict[str, torch.Generator] = OrderedDict()
 
-    # -- the hook a backend implements ----------------------------------------------------------
+    # -- the hooks a backend implements ---------------------------------------------------------
     def canvas_attention(self, model_runner, *, bidirectional: bool) -> None:
         """Make the next canvas forward bidirectional within the canvas (drafts) or causal (verify)."""
         raise NotImplementedError
+
+    def recurrent_state_guard(self, model_runner, forward_batch):
+        """Context manager around a canvas forward that leaves every request's recurrent (gated-delta)
+        state as it was: the canvas starts from the block-entry state and commits nothing."""
+        return contextlib.nullcontext()
 
     # -- SGLang's entry point -------------------------------------------------------------------
     @torch.no_grad()
@@ -87,6 +93,10 @@ class ShiftedCanvasAlgorithm:
 
     def _forward(self, model_runner, forward_batch):
         return model_runner.forward(forward_batch, pp_proxy_tensors=None)
+
+    def _canvas_forward(self, model_runner, forward_batch):
+        with self.recurrent_state_guard(model_runner, forward_batch):
+            return self._forward(model_runner, forward_batch)
 
     def _context_pass(self, model_runner, forward_batch):
         if forward_batch.input_ids.numel() == 0:
@@ -158,7 +168,7 @@ class ShiftedDiffusion(ShiftedCanvasAlgorithm):
         steps, out = 0, None
         while not all(block_decided(c, m, self.stop_ids) for c, m in zip(canvases, masked)):
             forward_batch.input_ids.copy_(torch.tensor(canvases, dtype=forward_batch.input_ids.dtype).view(-1))
-            out = self._forward(model_runner, forward_batch)
+            out = self._canvas_forward(model_runner, forward_batch)
             logits = out.logits_output.full_logits.view(bs, B, -1)
             params = params or self._params(forward_batch, logits.shape[-1])
             steps += 1
@@ -195,7 +205,7 @@ class SelfSpec(ShiftedCanvasAlgorithm):
             return [self._emit([s], ids.device) for s in seeds], None
         ids.copy_(torch.tensor([[s] + [mask] * (N - 1) for s in seeds], dtype=ids.dtype).view(-1))
         self.canvas_attention(model_runner, bidirectional=self.draft_bidirectional)
-        logits = self._forward(model_runner, forward_batch).logits_output.full_logits.view(bs, N, -1)
+        logits = self._canvas_forward(model_runner, forward_batch).logits_output.full_logits.view(bs, N, -1)
         params = self._params(forward_batch, logits.shape[-1])
         drafts, q = [], []
         for i, rid in enumerate(forward_batch.rids):
@@ -205,7 +215,7 @@ class SelfSpec(ShiftedCanvasAlgorithm):
         ids.copy_(torch.stack([torch.cat([torch.tensor([s]), d]) for s, d in zip(seeds, drafts)]).to(ids).view(-1))
         self.canvas_attention(model_runner, bidirectional=False)
         try:
-            last = self._forward(model_runner, forward_batch)
+            last = self._canvas_forward(model_runner, forward_batch)
         finally:
             self.canvas_attention(model_runner, bidirectional=self.draft_bidirectional)
         verify = last.logits_output.full_logits.view(bs, N, -1)

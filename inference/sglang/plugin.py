@@ -21,6 +21,7 @@ arguments, so CPU tests check them without SGLang installed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -74,11 +75,12 @@ def load_settings(model_path: str, algorithm: str, config_path: str | None) -> D
         raise PluginError(f"self-spec N={settings.block_size} exceeds the trained block size {sidecar.bd_size}")
     config = json.loads((directory / "config.json").read_text())
     layer_types = config.get("layer_types") or (config.get("text_config") or {}).get("layer_types") or []
-    if "linear_attention" in layer_types:
+    if "linear_attention" in layer_types and not settings.within_block_causal:
         raise PluginError(
-            "hybrid (gated-delta) checkpoints are not served by SGLang in diffusion/self-spec modes: its gated-delta "
-            "kernels read out token-causally and write canvas tokens into the request's recurrent state, while "
-            "the design needs block-entry state and block-end readout; serve them with --backend native"
+            "hybrid (gated-delta) checkpoints trained with a bidirectional canvas are not served by SGLang in "
+            "diffusion/self-spec modes: SGLang's gated-delta kernels read out token-causally, and the canvas needs "
+            "the block-end state's readout; serve them with --backend native (checkpoints trained with "
+            "--within_block_causal are served)"
         )
     return settings
 
@@ -136,6 +138,27 @@ def canvas_attention_switch(radix_attention_cls, attention_type):
     return canvas_attention
 
 
+@contextlib.contextmanager
+def mamba_state_guard(self, model_runner, forward_batch):
+    """The `recurrent_state_guard` hook: snapshot the batch's gated-delta slots (conv and recurrent
+    state in SGLang's mamba pool) before a canvas forward and put them back after it, so the canvas
+    starts from the block-entry state and the request's state stays the one after its committed tokens."""
+    pool = getattr(model_runner.req_to_token_pool, "mamba_pool", None)
+    if pool is None:  # a dense model
+        yield
+        return
+    slots = model_runner.req_to_token_pool.get_mamba_indices(forward_batch.req_pool_indices)
+    cache = pool.mamba_cache
+    conv = [c[:, slots].clone() for c in cache.conv]
+    temporal = cache.temporal[:, slots].clone()
+    try:
+        yield
+    finally:
+        for c, saved in zip(cache.conv, conv):
+            c[:, slots] = saved
+        cache.temporal[:, slots] = temporal
+
+
 def make_algorithm_class(name: str, base_cls, canvas_attention, configure):
     """An SGLang algorithm class: our core first in the MRO (its `run`), SGLang's base for the rest."""
     core = CORES[name]
@@ -156,6 +179,7 @@ def make_algorithm_class(name: str, base_cls, canvas_attention, configure):
             "reuse_forward_metadata": False,
             "capture_input_preparation": False,
             "canvas_attention": canvas_attention,
+            "recurrent_state_guard": mamba_state_guard,
             "configure_server_args": classmethod(configure),
             "validate_request": classmethod(lambda cls, req: unsupported_request(req)),
         },
@@ -187,6 +211,8 @@ def server_arg_decisions(view) -> dict:
     forward), no first-done-first-out rounds (each round commits its tokens)."""
     if getattr(view, "dllm_fdfo", False):
         raise PluginError("--dllm-fdfo is not supported by the bdstack algorithms")
+    if getattr(view, "enable_linear_replayssm", False):
+        raise PluginError("--enable-linear-replayssm is not supported by the bdstack algorithms (state snapshots)")
     if getattr(view, "device", "cuda") not in ("cuda", None):
         raise PluginError("the bdstack SGLang algorithms run on CUDA; use the native engine elsewhere")
     return {"disable_radix_cache": True, "chunked_prefill_size": -1}
