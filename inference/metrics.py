@@ -27,7 +27,8 @@ class ServerMetrics:
                 self.latency_sum += latency
                 self.latency_count += 1
 
-    def render(self) -> str:
+    def render(self, batch_sizes: Counter | None = None) -> str:
+        """`batch_sizes`: the scheduler's batched forwards by number of requests in them."""
         with self._lock:
             lines = [
                 "# HELP bdstack_requests_total Requests by endpoint, decode mode and HTTP status.",
@@ -50,4 +51,10 @@ class ServerMetrics:
                 "# TYPE bdstack_self_spec_steps_total counter",
             ]
             lines += [f'bdstack_self_spec_steps_total{{accepted="{k}"}} {n}' for k, n in sorted(self.accepted.items())]
+            lines += [
+                "# HELP bdstack_batched_forwards_total Batched forwards by number of requests in them.",
+                "# TYPE bdstack_batched_forwards_total counter",
+            ]
+            sizes = sorted((batch_sizes or {}).items())
+            lines += [f'bdstack_batched_forwards_total{{requests="{k}"}} {n}' for k, n in sizes]
             return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 
 from inference.batch_runner import BatchRunner, RequestCache
@@ -47,7 +48,7 @@ class Scheduler:
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
-        self.batch_sizes: list[int] = []  # size of every batched forward, for tests and metrics
+        self.batch_sizes: Counter = Counter()  # batched forwards by number of requests in them
 
     def generate(self, prompt_ids, params, decode=None, *, on_text=None, cancel=None) -> Generation:
         if self.batch_runner is None:
@@ -92,7 +93,7 @@ class Scheduler:
                     job.done.set()
                 active = []
                 continue
-            self.batch_sizes.append(len(active))
+            self.batch_sizes[len(active)] += 1
             for job, lg in zip(active, logits):
                 self._advance(job, lg)
             active = [j for j in active if not j.done.is_set()]

@@ -235,7 +235,7 @@ def create_app(
 
     @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(metrics.render(dict(scheduler.batch_sizes)), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

@@ -164,6 +164,8 @@ def test_metrics_report_running_totals(server, client):
     )
     assert any(k.startswith("bdstack_requests_total") and 'status="404"' in k for k in values)
     assert any(k.startswith("bdstack_self_spec_steps_total") for k in values)
+    batched = sum(v for k, v in values.items() if k.startswith("bdstack_batched_forwards_total"))
+    assert batched >= values["bdstack_forwards_total"] / 8, "every forward went through the scheduler's batches"
 
 
 def test_chat_cli_one_shot_streaming_and_not(server, capsys):
