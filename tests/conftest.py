@@ -4,9 +4,17 @@ import contextlib
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _private_tempdir(tmp_path, monkeypatch):
+    """Temporary files a test's code makes (e.g. serve.py's SGLang settings) land in its tmp_path."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
 
 REPO = Path(__file__).resolve().parent.parent
 
