@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bdcore.attention_rule import CLEAN_STREAM
-from inference.hybrid import DecodePlan, patch_for_decode
+from inference.hybrid import DecodePlan, patch_for_decode, roll_back
 from inference.runner import Rows, decode_mask
 
 
@@ -39,11 +38,7 @@ class RequestCache:
         if length >= self.length:
             return
         if self.plan is not None:  # gated-delta layers: the state after exactly `length` tokens
-            j = length - self.plan_base
-            if j < 0 or not self.plan.rollback:
-                raise ValueError("gated-delta state can only roll back within the last forward, run with rollback=True")
-            for layer, steps in self.plan.steps.items():
-                self.states[layer] = steps[j]
+            roll_back(self.plan, self.plan_base, length, self.states)
         self.keys = [k[:, :length] for k in self.keys]
         self.values = [v[:, :length] for v in self.values]
 
@@ -88,9 +83,8 @@ class BatchRunner:
         if self.hybrid:
             plans = []
             for (req, rows, keep, rollback), c in zip(batch, lengths):
-                n_clean = sum(1 for st in rows.stream if st == CLEAN_STREAM)
                 end_readout = not self.within_block_causal
-                plans.append(DecodePlan(n_clean, keep, end_readout, req.states, rollback, rows=len(rows.tokens)))
+                plans.append(DecodePlan(rows.n_clean, keep, end_readout, req.states, rollback, rows=len(rows.tokens)))
                 req.plan, req.plan_base = plans[-1], c
             masks = {"full_attention": mask, "linear_attention": plans}
         out = self.model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=cache, use_cache=True)

@@ -45,6 +45,16 @@ class DecodePlan:
     steps: dict[int, list[LayerState]] = field(default_factory=dict)  # state after each clean row
 
 
+def roll_back(plan: DecodePlan | None, plan_base: int, length: int, states: dict[int, LayerState]) -> None:
+    """Put into `states` each gated-delta layer's state after exactly `length` cached tokens, from the
+    snapshots of the last forward (which started at `plan_base` and must have run with rollback)."""
+    j = length - plan_base
+    if plan is None or j < 0 or not plan.rollback:
+        raise ValueError("gated-delta state can only roll back within the last forward, run with rollback=True")
+    for layer, steps in plan.steps.items():
+        states[layer] = steps[j]
+
+
 def _step(S, q, k, v, g, beta):
     """One gated-delta step; q, k already normalised/scaled; S [H, dk, dv]."""
     S = S * g.exp()[:, None, None]

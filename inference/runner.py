@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bdcore.attention_rule import CLEAN_STREAM, TokenMeta, visible
-from inference.hybrid import DecodePlan, patch_for_decode
+from inference.hybrid import DecodePlan, patch_for_decode, roll_back
 
 CANVAS_STREAM = 1
 CANVAS_BLOCK = 1
@@ -46,6 +46,11 @@ class Rows:
     def commit(self, tokens: list[int], start: int, *, block_causal: bool) -> Rows:
         """A finished block's clean rows: causal, or block-causal when the checkpoint's clean stream is."""
         return self._add(tokens, start, CLEAN_STREAM, COMMIT_BLOCK if block_causal else -1, block_causal)
+
+    @property
+    def n_clean(self) -> int:
+        """Clean rows (they come first)."""
+        return sum(1 for s in self.stream if s == CLEAN_STREAM)
 
     def canvas(self, tokens: list[int], start: int) -> Rows:
         """A noised block: sees the clean context before `start` and its whole canvas."""
@@ -110,8 +115,7 @@ class ModelRunner:
         Q = len(rows.tokens)
         mask = self.mask(rows)
         if self.hybrid:
-            n_clean = sum(1 for s in rows.stream if s == CLEAN_STREAM)
-            self.plan = DecodePlan(n_clean, keep, not self.within_block_causal, self.states, rollback)
+            self.plan = DecodePlan(rows.n_clean, keep, not self.within_block_causal, self.states, rollback)
             self.plan_base = self.length
             mask = {"full_attention": mask, "linear_attention": self.plan}
         out = self.model(
@@ -139,10 +143,6 @@ class ModelRunner:
         if length >= self.length:
             return
         if self.hybrid:
-            j = length - self.plan_base
-            if self.plan is None or j < 0 or not self.plan.rollback:
-                raise ValueError("gated-delta state can only roll back within the last forward, run with rollback=True")
-            for i in self.linear_layers:
-                self.states[i] = self.plan.steps[i][j]
+            roll_back(self.plan, self.plan_base, length, self.states)
         self._crop_kv(self.length - length)
         self.length = length
