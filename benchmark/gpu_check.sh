@@ -6,8 +6,8 @@
 #   GPU_CHECK_DEVICE=cpu OUT=/tmp/gpu_dry bash benchmark/gpu_check.sh   # CPU dry run, here
 #
 # GPU machine: runs the image's `python3` (no venv, no network). Packages it lacks or has in another
-# version travel as wheels in .whl/ (git-ignored; name `.whl` in the device tool's carry) and are
-# installed with --no-index into /tmp/site, which goes first on PYTHONPATH.
+# version travel as wheels in .whl/ (made by benchmark/gpu_wheels.sh; git-ignored; name `.whl` in the
+# device tool's carry) and are installed with --no-index into /tmp/site, which goes first on PYTHONPATH.
 # GPU_CHECK_DEVICE=cpu: the same steps and flags with `--device cpu`, smaller sizes, .venv/bin/python
 # and no wheel install; it proves every command line, not the numbers.
 #
