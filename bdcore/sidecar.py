@@ -9,6 +9,9 @@ from pathlib import Path
 
 SIDECAR_NAME = "block_diffusion.json"
 FORMAT_VERSION = 1
+# Fields without which a reader would have to guess the checkpoint's semantics (a wrong guess decodes
+# silently differently from training), so they are refused rather than defaulted.
+REQUIRED = ("bd_size", "mask_id", "shift", "clean_causal", "within_block_causal")
 
 
 class SidecarError(ValueError):
@@ -43,11 +46,17 @@ class Sidecar:
                 "upgrade bdstack or re-export the checkpoint"
             )
         known = {f.name for f in fields(cls)}
-        missing = [k for k in ("bd_size", "mask_id") if k not in data]
+        missing = [k for k in REQUIRED if k not in data]
         if missing:
-            raise SidecarError(f"{SIDECAR_NAME}: missing required field(s) {missing}")
+            raise SidecarError(
+                f"{SIDECAR_NAME}: missing required field(s) {missing}: they decide how the checkpoint decodes, so "
+                "bdstack does not guess them; re-export the checkpoint with train.py or add them by hand"
+            )
         kept = {k: v for k, v in data.items() if k in known}
         sc = cls(**kept)
+        for name in ("shift", "clean_causal", "within_block_causal"):
+            if not isinstance(getattr(sc, name), bool):
+                raise SidecarError(f"{SIDECAR_NAME}: {name} must be true or false, got {getattr(sc, name)!r}")
         if not isinstance(sc.bd_size, int) or sc.bd_size < 2:
             raise SidecarError(f"{SIDECAR_NAME}: bd_size must be an integer >= 2, got {sc.bd_size!r}")
         if not isinstance(sc.mask_id, int) or sc.mask_id < 0:

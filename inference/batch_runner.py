@@ -84,7 +84,17 @@ class BatchRunner:
             plans = []
             for (req, rows, keep, rollback), c in zip(batch, lengths):
                 end_readout = not self.within_block_causal
-                plans.append(DecodePlan(rows.n_clean, keep, end_readout, req.states, rollback, rows=len(rows.tokens)))
+                plans.append(
+                    DecodePlan(
+                        rows.n_clean,
+                        keep,
+                        end_readout,
+                        req.states,
+                        rollback,
+                        rows=len(rows.tokens),
+                        clean_block_end=rows.block_causal_commit,
+                    )
+                )
                 req.plan, req.plan_base = plans[-1], c
             masks = {"full_attention": mask, "linear_attention": plans}
         out = self.model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=cache, use_cache=True)

@@ -45,6 +45,16 @@ class LoadedModel:
             )
 
 
+def check_decodable(sidecar: Sidecar, path) -> None:
+    """Refuse a checkpoint whose training semantics this engine does not decode."""
+    if not sidecar.shift:
+        raise CheckpointError(
+            f"{path / SIDECAR_NAME} says shift: false (an unshifted checkpoint: a masked slot predicts its own "
+            "token); the native engine decodes shifted checkpoints only (row i predicts token i + 1), so it would "
+            "decode this one wrongly; retrain with train.py (two-stream, shift: true)"
+        )
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -63,6 +73,7 @@ def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str 
     sidecar = read_sidecar(path) if (path / SIDECAR_NAME).is_file() else None
     if sidecar is not None:
         sidecar.check_tokenizer(tok)
+        check_decodable(sidecar, path)
     dev = torch.device(device)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, dev), attn_implementation="sdpa")
     model = model.to(dev).eval()

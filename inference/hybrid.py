@@ -1,7 +1,8 @@
 """Gated-delta (Qwen3.5) layers in the decode engine: the engine owns their conv and recurrent state.
 
 A decode forward's rows are clean rows then canvas rows (see `runner.py`). For a gated-delta layer:
-- clean rows: the ordinary recurrence from the committed state, token-causal readout;
+- clean rows: the ordinary recurrence from the committed state, token-causal readout (a committed
+  block of a block-causal clean stream reads its block-end state, as the trainer's clean segments do);
 - canvas rows: start from the state after the clean rows, absorb the canvas, and read the
   block-end state (token-causal with `within_block_causal`); nothing of theirs is kept;
 - the causal conv runs over [last K-1 committed features, clean rows, canvas rows], so taps before the
@@ -38,10 +39,13 @@ class DecodePlan:
 
     n_clean: int
     keep: int
-    end_readout: bool
+    end_readout: bool  # canvas rows read the block-end state (a bidirectional canvas)
     states: dict[int, LayerState]
     rollback: bool = False  # keep the state after each clean row (self-spec verify)
     rows: int = 0  # batched decoding: this request's real rows in its batch row
+    # The clean rows are one committed block of a block-causal clean stream (sidecar `clean_causal:
+    # false`): in training such a block is one segment read at its end state, so the commit must be too.
+    clean_block_end: bool = False
     steps: dict[int, list[LayerState]] = field(default_factory=dict)  # state after each clean row
 
 
@@ -110,6 +114,10 @@ def _decode_rows(self, x, plan: DecodePlan):
     g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
 
     n, keep = plan.n_clean, plan.keep
+    if plan.clean_block_end and (plan.rollback or keep != n):
+        raise ValueError(
+            "a block-causal commit keeps its whole block and is never rolled back (self-spec needs clean_causal: true)"
+        )
     if plan.rollback:  # token by token, remembering every clean row's state for a later rollback
         S, outs, steps = st.rec, [], []
         for t in range(n):
@@ -121,7 +129,7 @@ def _decode_rows(self, x, plan: DecodePlan):
         plan.states[self.layer_idx] = plan.steps[self.layer_idx][keep]
     else:  # chunked; the committed state is the one after `keep` clean rows
         rows = (q, k, v, g, beta)
-        kept_out, S_keep = _absorb(st.rec, *(x[:keep] for x in rows))
+        kept_out, S_keep = _absorb(st.rec, *(x[:keep] for x in rows), end_readout=plan.clean_block_end)
         rest_out, S = _absorb(S_keep, *(x[keep:n] for x in rows))
         clean = torch.cat([kept_out, rest_out])
         plan.states[self.layer_idx] = LayerState(seq[keep : keep + K - 1], S_keep)

@@ -52,6 +52,11 @@ class Rows:
         """Clean rows (they come first)."""
         return sum(1 for s in self.stream if s == CLEAN_STREAM)
 
+    @property
+    def block_causal_commit(self) -> bool:
+        """The clean rows are a committed block of a block-causal clean stream."""
+        return COMMIT_BLOCK in self.blk[: self.n_clean]
+
     def canvas(self, tokens: list[int], start: int) -> Rows:
         """A noised block: sees the clean context before `start` and its whole canvas."""
         return self._add(tokens, start, CANVAS_STREAM, CANVAS_BLOCK, True)
@@ -115,7 +120,14 @@ class ModelRunner:
         Q = len(rows.tokens)
         mask = self.mask(rows)
         if self.hybrid:
-            self.plan = DecodePlan(rows.n_clean, keep, not self.within_block_causal, self.states, rollback)
+            self.plan = DecodePlan(
+                rows.n_clean,
+                keep,
+                not self.within_block_causal,
+                self.states,
+                rollback,
+                clean_block_end=rows.block_causal_commit,
+            )
             self.plan_base = self.length
             mask = {"full_attention": mask, "linear_attention": self.plan}
         out = self.model(

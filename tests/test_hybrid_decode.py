@@ -49,7 +49,9 @@ def test_block_end_readout_reads_the_canvas_end_state():
 
 def test_long_prefill_commits_the_state_at_keep_without_snapshots():
     model = tiny_hybrid_model()
-    ids = [random.Random(3).randrange(5, 90) for _ in range(200)]
+    rng = random.Random(3)
+    ids = [rng.randrange(5, 90) for _ in range(200)]
+    assert len(set(ids)) > 20, "a varied prompt (one seeded generator, not one per token)"
 
     def run(rollback):
         r = ModelRunner(model, banned=None)

@@ -19,7 +19,11 @@ from tests.tiny import tiny_checkpoint
 MAX_TOKENS = (24, 7, 24, 13, 24, 3, 24, 24)
 
 
-@pytest.fixture(scope="module", params=[("qwen3", True), ("llama", True), ("qwen3", False), ("qwen3_5", True)], ids=str)
+@pytest.fixture(
+    scope="module",
+    params=[("qwen3", True), ("llama", True), ("qwen3", False), ("qwen3_5", True), ("qwen3_5", False)],
+    ids=str,
+)
 def loaded(request, tmp_path_factory):
     arch, clean_causal = request.param
     path = tmp_path_factory.mktemp(arch)
