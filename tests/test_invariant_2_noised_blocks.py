@@ -50,6 +50,7 @@ def single_stream_reference(model, sample, start, block_ids, bd_size, clean_caus
 )
 def test_noised_block_equals_single_stream(arch, clean_causal, wbc, turns, pack):
     model = tiny_model(arch)
+    reference = tiny_model(arch)  # same weights, stock SDPA (TwoStreamLM switches `model` to the tiled SDPA)
     rng = random.Random(turns * 10 + pack)
     bd = 4
     rows = [[random_sample(rng, turns=turns, max_prompt=8, max_resp=11) for _ in range(pack)] for _ in range(2)]
@@ -61,6 +62,7 @@ def test_noised_block_equals_single_stream(arch, clean_causal, wbc, turns, pack)
     checked = 0
     with torch.no_grad():
         logits = TwoStreamLM(model, cfg).logits(batch)
+        assert reference.config._attn_implementation == "sdpa" != model.config._attn_implementation
         for r, samples in enumerate(rows):
             for d, sample in enumerate(samples):
                 for view in range(1, cfg.views + 1):
@@ -69,7 +71,7 @@ def test_noised_block_equals_single_stream(arch, clean_causal, wbc, turns, pack)
                         rows_b = (sel & (m.blk[r] == blk)).nonzero().flatten()
                         start = int(m.bstart[r, rows_b[0]])
                         block_ids = batch.input_ids[r, rows_b].tolist()
-                        want = single_stream_reference(model, sample, start, block_ids, bd, clean_causal, wbc)
+                        want = single_stream_reference(reference, sample, start, block_ids, bd, clean_causal, wbc)
                         torch.testing.assert_close(logits[r, rows_b], want, atol=2e-5, rtol=1e-5)
                         checked += 1
     assert checked >= 2 * pack * turns * 2
