@@ -31,7 +31,7 @@ class ServerMetrics:
         """`batch_sizes`: the scheduler's batched forwards by number of requests in them."""
         with self._lock:
             lines = [
-                "# HELP bdstack_requests_total Requests by endpoint, decode mode and HTTP status.",
+                "# HELP bdstack_requests_total Requests by endpoint, decode mode and HTTP status (499: client left).",
                 "# TYPE bdstack_requests_total counter",
             ]
             for (ep, mode, status), n in sorted(self.requests.items()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,13 +34,18 @@ def _number(body: dict, key: str, kind, default, lo=None, hi=None):
     value = body.get(key, default)
     if value is None:
         return default
+    kind_name = "integer" if kind is int else "number"
+    # NaN and infinities pass every range check below, so they are refused by name
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
-        or (kind is int and not float(value).is_integer())
+        or (isinstance(value, float) and not (math.isfinite(value) and (kind is float or value.is_integer())))
     ):
-        raise APIError(400, f"'{key}' must be a {'integer' if kind is int else 'number'}, got {value!r}", param=key)
-    value = kind(value)
+        raise APIError(400, f"'{key}' must be a finite {kind_name}, got {value!r}", param=key)
+    try:
+        value = kind(value)
+    except OverflowError:  # an integer too large for a float
+        raise APIError(400, f"'{key}' is out of range", param=key) from None
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise APIError(400, f"'{key}' must lie in [{lo}, {hi}], got {value}", param=key)
     return value
@@ -63,7 +69,7 @@ def sampling_params(body: dict, *, default_max_tokens: int) -> SamplingParams:
         top_k=_number(body, "top_k", int, 0, 0, None),
         max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", int, default_max_tokens, 1, None),
         stop=tuple(stop),
-        seed=_number(body, "seed", int, None),
+        seed=_number(body, "seed", int, None, -(2**63), 2**64 - 1),  # what torch's generator takes
     )
 
 
@@ -218,6 +224,10 @@ def chat_prompt_ids(tokenizer, body: dict, tools: ToolRequest | None = None) -> 
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise APIError(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    if body.get("chat_template") is not None:  # the server refuses it unless --allow-client-chat-template
+        if not isinstance(body["chat_template"], str):
+            raise APIError(400, "'chat_template' must be a string", param="chat_template")
+        kwargs = {**kwargs, "chat_template": body["chat_template"]}
     try:
         text = tokenizer.apply_chat_template(
             messages,

@@ -48,8 +48,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=["auto", "native", "sglang"])
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--api-key", default=os.environ.get("BDSTACK_API_KEY"), help="require 'Authorization: Bearer KEY'")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("BDSTACK_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (native server: on every path but /health, /metrics and /docs "
+        "included; default: $BDSTACK_API_KEY)",
+    )
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: checkpoint name)")
+    n = p.add_argument_group("native server")
+    n.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=4 * 2**20,
+        help="refuse request bodies larger than this with 413 (default 4194304: 4 MiB)",
+    )
+    n.add_argument(
+        "--allow-client-chat-template",
+        action="store_true",
+        help="let requests send their own Jinja chat_template (off: a template is code the server runs)",
+    )
     n = p.add_argument_group("native engine")
     n.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     n.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
@@ -153,6 +170,8 @@ def run_native(args, extra: list[str]) -> int:
     from inference.engine import DecodeConfig
     from inference.server import create_app
 
+    if args.max_request_bytes < 1:
+        raise SystemExit("serve.py: error: --max-request-bytes must be >= 1")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         loaded = load_checkpoint(args.model, device=device, dtype=args.dtype)
@@ -171,6 +190,8 @@ def run_native(args, extra: list[str]) -> int:
             api_key=args.api_key,
             default_max_tokens=args.max_tokens,
             max_batch=args.max_batch,
+            max_request_bytes=args.max_request_bytes,
+            allow_client_chat_template=args.allow_client_chat_template,
         )
     except (CheckpointError, ValueError, NotImplementedError) as e:
         raise SystemExit(f"serve.py: error: {e}") from e

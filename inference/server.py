@@ -2,20 +2,25 @@
 
 Concurrent requests are batched into shared forwards by `scheduler.py` (dense models, up to
 `max_batch` in flight; hybrids decode one at a time). Each request waits in a worker thread;
-streaming deltas cross to the event loop through an asyncio queue. A client that disconnects
-mid-stream cancels its request at the next token.
+streaming deltas cross to the event loop through an asyncio queue. A client that disconnects cancels
+its request at the next token, streamed or not. Chat templates and tokenizers run in a thread pool too,
+so one long prompt does not stall the event loop (health probes, other requests). Requests are checked
+by `request_checks.py` first: size, API key, field types; errors are OpenAI-shaped, 5xx without detail.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from dataclasses import replace
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference.checkpoint import CheckpointError, LoadedModel
 from inference.engine import Cancelled, DecodeConfig, Engine
@@ -31,8 +36,18 @@ from inference.protocol import (
     tool_request,
     usage,
 )
+from inference.request_checks import DEFAULT_MAX_REQUEST_BYTES, RequireKey, check_body, include_usage, read_json
 from inference.scheduler import Scheduler
 from inference.tool_calls import content_before_tool_call, forced_prefix, parse_tool_calls
+
+log = logging.getLogger("bdstack.server")
+DISCONNECT_POLL_S = 0.1  # how soon an abandoned non-streaming request is noticed
+CLIENT_CLOSED = 499  # nginx's status for a request whose client went away (counted in /metrics)
+
+
+def internal_error() -> APIError:
+    """What a client sees of a server fault: no exception text (it can carry paths and internals)."""
+    return APIError(500, "internal error", type="server_error")
 
 
 def create_app(
@@ -43,6 +58,8 @@ def create_app(
     api_key: str | None = None,
     default_max_tokens: int = 512,
     max_batch: int = 8,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    allow_client_chat_template: bool = False,
 ) -> FastAPI:
     engine = Engine(loaded, decode)
     scheduler = Scheduler(engine, max_batch)
@@ -50,41 +67,23 @@ def create_app(
     max_context = getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30
     app = FastAPI(title="bdstack", version="0.1.0")
     app.state.engine, app.state.metrics, app.state.scheduler = engine, metrics, scheduler
+    if api_key:
+        app.add_middleware(RequireKey, key=api_key)
 
     @app.exception_handler(APIError)
     async def _api_error(_request, exc: APIError):
         return JSONResponse(exc.body(), status_code=exc.status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):  # unknown path, wrong method
+        err = APIError(exc.status_code, f"{exc.detail} ({request.method} {request.url.path})")
+        return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
+
     @app.exception_handler(Exception)
-    async def _internal(_request, exc: Exception):
-        err = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
-        return JSONResponse(err.body(), status_code=500)
-
-    def check_auth(request: Request) -> None:
-        if api_key and request.headers.get("authorization", "") != f"Bearer {api_key}":
-            raise APIError(
-                401,
-                "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                type="authentication_error",
-                code="invalid_api_key",
-            )
-
-    async def read_body(request: Request) -> dict:
-        check_auth(request)
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(400, f"request body is not valid JSON: {e}") from e
-        if not isinstance(body, dict):
-            raise APIError(400, "request body must be a JSON object")
-        if body.get("model") not in (None, model_name):
-            raise APIError(
-                404,
-                f"model {body.get('model')!r} does not exist; this server serves {model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
-        return body
+    async def _internal(request: Request, exc: Exception):
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        metrics.record("other", "-", 500)
+        return JSONResponse(internal_error().body(), status_code=500)
 
     def request_decode(body: dict) -> DecodeConfig:
         mode = body.get("mode", decode.mode)  # extension: per-request decode mode
@@ -98,14 +97,20 @@ def create_app(
         """Run `fn` in a worker thread (the scheduler decides what runs together)."""
         return asyncio.ensure_future(asyncio.to_thread(fn))
 
-    async def run(
-        kind: str, body: dict, prompt_ids: list[int], build, request: Request, tools: ToolRequest | None = None
-    ):
-        tools = tools or ToolRequest()
+    def prompt(kind: str, body: dict, tools: ToolRequest) -> tuple[list[int], str]:
+        """Prompt ids and forced reply prefix (runs in the thread pool: templates and tokenizers are slow
+        on long prompts, and a client template, where allowed, runs as long as it likes)."""
+        tok = loaded.tokenizer
+        ids = chat_prompt_ids(tok, body, tools) if kind == "chat" else completion_prompt_ids(tok, body)
         # tool_choice "required" / a named function: the reply is made to open a call (see forced_prefix)
         prefix = forced_prefix(tools.choice, tools.name) if tools.parse else ""
         if prefix:
-            prompt_ids = prompt_ids + loaded.tokenizer(prefix, add_special_tokens=False)["input_ids"]
+            ids = ids + tok(prefix, add_special_tokens=False)["input_ids"]
+        return ids, prefix
+
+    async def run(
+        kind: str, body: dict, prompt_ids: list[int], prefix: str, build, request: Request, tools: ToolRequest
+    ):
         room = max_context - len(prompt_ids)
         if room < 1:
             raise APIError(
@@ -138,7 +143,18 @@ def create_app(
             return content, (calls if tools.parallel else calls[:1])
 
         if not body.get("stream"):
-            gen = await asyncio.shield(await start(lambda: scheduler.generate(prompt_ids, params, dec)))
+            cancel = threading.Event()
+            task = await start(lambda: scheduler.generate(prompt_ids, params, dec, cancel=cancel))
+            try:
+                while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL_S))[0]:
+                    if await request.is_disconnected():
+                        cancel.set()  # nobody will read the reply: free the batch slot at the next token
+                gen = task.result()
+            except Cancelled:
+                metrics.record(kind, dec.mode, CLIENT_CLOSED)
+                return Response(status_code=CLIENT_CLOSED)
+            finally:
+                cancel.set()  # this handler itself was cancelled (server shutdown): stop the worker too
             metrics.record(
                 kind, dec.mode, 200, prompt_tokens=len(prompt_ids), stats=gen.stats, latency=time.perf_counter() - t0
             )
@@ -151,7 +167,7 @@ def create_app(
                     choice["message"]["tool_calls"] = calls
                     choice["finish_reason"] = "tool_calls"
             return JSONResponse(body_out)
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        with_usage = include_usage(body)
         loop, queue, cancel = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
 
         def worker():
@@ -170,7 +186,7 @@ def create_app(
                 loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
 
         async def events():
-            status = 200
+            status = CLIENT_CLOSED  # until the reply is complete
             try:
                 task = await start(worker)
                 yield _sse(build.chunk(rid, created, {"role": "assistant", "content": ""}, None))
@@ -198,7 +214,7 @@ def create_app(
                         elif len(full) > sent:  # held-back text that was no call after all
                             yield _sse(build.chunk(rid, created, {"content": full[sent:]}, None))
                         yield _sse(build.chunk(rid, created, {}, finish))
-                        if include_usage:
+                        if with_usage:
                             yield _sse(build.usage_chunk(rid, created, usage(len(prompt_ids), item.stats)))
                         metrics.record(
                             kind,
@@ -208,9 +224,11 @@ def create_app(
                             stats=item.stats,
                             latency=time.perf_counter() - t0,
                         )
-                    else:
+                        status = 200
+                    elif kind_ == "error":
                         status = 500
-                        yield _sse(APIError(500, f"generation failed: {item}", type="server_error").body())
+                        log.error("%s generation failed", kind, exc_info=item)
+                        yield _sse(internal_error().body())
                     break
                 await task
                 yield "data: [DONE]\n\n"
@@ -226,8 +244,7 @@ def create_app(
         return {"status": "ok", "model": model_name, "mode": decode.mode}
 
     @app.get("/v1/models")
-    async def models(request: Request):
-        check_auth(request)
+    async def models():
         return {
             "object": "list",
             "data": [{"id": model_name, "object": "model", "created": now(), "owned_by": "bdstack"}],
@@ -237,28 +254,28 @@ def create_app(
     async def prometheus():
         return PlainTextResponse(metrics.render(dict(scheduler.batch_sizes)), media_type="text/plain; version=0.0.4")
 
+    async def serve(kind: str, request: Request, build):
+        try:
+            body = await read_json(request, max_request_bytes)
+            check_body(body, kind, model_name=model_name, allow_chat_template=allow_client_chat_template)
+            tools = tool_request(body) if kind == "chat" else ToolRequest()
+            prompt_ids, prefix = await run_in_threadpool(prompt, kind, body, tools)
+            return await run(kind, body, prompt_ids, prefix, build, request, tools)
+        except APIError as e:
+            metrics.record(kind, "-", e.status)
+            raise
+        except Exception:
+            log.exception("%s request failed", kind)
+            metrics.record(kind, "-", 500)
+            raise internal_error() from None
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        try:
-            body = await read_body(request)
-            tools = tool_request(body)
-            return await run(
-                "chat", body, chat_prompt_ids(loaded.tokenizer, body, tools), _Chat(model_name), request, tools
-            )
-        except APIError as e:
-            metrics.record("chat", "-", e.status)
-            raise
+        return await serve("chat", request, _Chat(model_name))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        try:
-            body = await read_body(request)
-            return await run(
-                "completion", body, completion_prompt_ids(loaded.tokenizer, body), _Completion(model_name), request
-            )
-        except APIError as e:
-            metrics.record("completion", "-", e.status)
-            raise
+        return await serve("completion", request, _Completion(model_name))
 
     return app
 

@@ -98,3 +98,24 @@ def test_log_tees_the_child_output(tmp_path, capsys):
     line = log.read_text().strip()
     assert line.startswith("-m sglang.launch_server --model-path m") and "--dllm-algorithm" in line
     assert line in capsys.readouterr().out
+
+
+def test_request_limits_reach_the_native_server(monkeypatch):
+    """--max-request-bytes (default 4 MiB) and --allow-client-chat-template (default off) reach create_app."""
+    import types
+
+    import uvicorn
+
+    from inference import checkpoint, server
+
+    made = []
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: types.SimpleNamespace(name="m"))
+    monkeypatch.setattr(server, "create_app", lambda *a, **k: made.append(k) or "app")
+    monkeypatch.setattr(uvicorn, "run", lambda app, **k: None)
+    assert serve.main(["m", "--mode", "causal", "--backend", "native"]) == 0
+    assert made[-1]["max_request_bytes"] == 4 * 2**20 and made[-1]["allow_client_chat_template"] is False
+    argv = ["m", "--mode", "causal", "--backend", "native", "--max-request-bytes", "1000"]
+    assert serve.main([*argv, "--allow-client-chat-template"]) == 0
+    assert made[-1]["max_request_bytes"] == 1000 and made[-1]["allow_client_chat_template"] is True
+    out = serve.build_parser().format_help()
+    assert "--max-request-bytes" in out and "--allow-client-chat-template" in out

@@ -47,16 +47,43 @@ def test_health_and_models(server, client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
 
 
+def counted_forwards(server):
+    """A forward hook on the served model: its calls, counted apart from the engine's own stats."""
+    calls = []
+    return calls, server[1].state.engine.loaded.model.register_forward_hook(lambda *_: calls.append(1))
+
+
 @pytest.mark.parametrize("mode", MODES)
-def test_chat_in_every_mode_reports_tokens_per_forward(client, mode):
-    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=12, extra_body={"mode": mode})
+def test_chat_in_every_mode_reports_tokens_per_forward(server, client, mode):
+    calls, hook = counted_forwards(server)
+    try:
+        r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=12, extra_body={"mode": mode})
+    finally:
+        hook.remove()
     u = r.usage.model_extra
     assert r.choices[0].finish_reason in ("stop", "length")
-    assert u["forwards"] >= 1 and u["tokens_per_forward"] == pytest.approx(
-        r.usage.completion_tokens / u["forwards"], abs=1e-3
-    )
-    if mode == "causal":
-        assert u["tokens_per_forward"] == 1.0
+    assert u["forwards"] == len(calls) >= 1
+    assert u["tokens_per_forward"] == pytest.approx(r.usage.completion_tokens / len(calls), abs=1e-4)
+    if mode == "causal":  # this prompt runs to max_tokens; causal is one forward per token, prefill included
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 12 == len(calls)
+
+
+def test_causal_counts_the_end_of_turn_token(server, client):
+    """A reply that ends at end-of-turn: its text's tokens plus the end-of-turn token, one forward each."""
+    calls, hook = counted_forwards(server)
+    try:
+        r = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Copy: 0"}],
+            max_tokens=50,
+            extra_body={"mode": "causal"},
+        )
+    finally:
+        hook.remove()
+    tokenizer = server[1].state.engine.loaded.tokenizer
+    text_tokens = len(tokenizer(r.choices[0].message.content, add_special_tokens=False)["input_ids"])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens == text_tokens + 1 == len(calls) == r.usage.model_extra["forwards"]
 
 
 def test_self_spec_equals_causal_through_the_server(client):

@@ -1,0 +1,270 @@
+"""The server under bad input and load: strict OpenAI-shaped 4xx, opaque 5xx that /metrics counts, a
+request-size limit, client chat templates off unless allowed, prompt preparation off the event loop,
+cancellation of abandoned non-streaming requests, and the API key on every path but /health."""
+
+import contextlib
+import http.client
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.conftest import serve_app
+from tests.tiny import tiny_checkpoint
+
+KEY = "k3y"
+MSG = [{"role": "user", "content": "Copy: abc"}]
+LIMIT = 16_000
+
+
+@contextlib.contextmanager
+def running(ckpt, **kw):
+    from inference.checkpoint import load_checkpoint
+    from inference.engine import DecodeConfig
+    from inference.server import create_app
+
+    loaded = load_checkpoint(ckpt)
+    app = create_app(loaded, DecodeConfig(mode="causal"), model_name="tiny", default_max_tokens=8, **kw)
+    with serve_app(app) as url:
+        yield url, app, loaded
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), bd_size=4)
+
+
+@pytest.fixture(scope="module")
+def server(ckpt):
+    with running(ckpt, api_key=KEY, max_request_bytes=LIMIT) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def open_server(ckpt):
+    with running(ckpt, allow_client_chat_template=True) as srv:
+        yield srv
+
+
+def call(url, path, body=None, *, method=None, data=None, key=KEY, timeout=30):
+    """(status, text); `data` may be bytes or an iterable of bytes (sent chunked, with no length)."""
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    if data is None and body is not None:
+        data = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        conn.request(method or ("GET" if data is None else "POST"), path, body=data, headers=headers)
+        r = conn.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        conn.close()
+
+
+def error_of(text) -> dict:
+    err = json.loads(text)["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"] and err["type"]
+    return err
+
+
+def metric(url, endpoint, status) -> float:
+    _, text = call(url, "/metrics")
+    key = f'bdstack_requests_total{{endpoint="{endpoint}",'
+    return sum(
+        float(line.split()[-1]) for line in text.splitlines() if line.startswith(key) and f'status="{status}"' in line
+    )
+
+
+def assert_serving(url):
+    status, text = call(url, "/v1/chat/completions", {"messages": MSG, "max_tokens": 2})
+    assert status == 200, text
+
+
+CHAT, COMPLETION = "/v1/chat/completions", "/v1/completions"
+M = json.dumps(MSG)
+
+
+@pytest.mark.parametrize(
+    "path,data,param",
+    [
+        (CHAT, f'{{"messages": {M}, "temperature": NaN}}', "temperature"),
+        (CHAT, f'{{"messages": {M}, "top_p": NaN}}', "top_p"),
+        (CHAT, f'{{"messages": {M}, "temperature": 1{"0" * 400}}}', "temperature"),
+        (CHAT, f'{{"messages": {M}, "seed": {2**64}}}', "seed"),
+        (CHAT, f'{{"messages": {M}, "seed": {2**64}, "stream": true}}', "seed"),
+        (CHAT, f'{{"messages": {M}, "stream": true, "stream_options": "yes"}}', "stream_options"),
+        (CHAT, f'{{"messages": {M}, "stream": true, "stream_options": {{"include_usage": "yes"}}}}', "stream_options"),
+        (CHAT, f'{{"messages": {M}, "stream": "false"}}', "stream"),
+        (CHAT, f'{{"messages": {M}, "model": 5}}', "model"),
+        (CHAT, f'{{"messages": {M}, "mode": 3}}', "mode"),
+        (CHAT, f'{{"messages": {M}, "frobnicate": 1}}', "frobnicate"),
+        (CHAT, f'{{"messages": {M}, "presence_penalty": 0.5}}', "presence_penalty"),
+        (CHAT, f'{{"messages": {M}, "max_tokens": 1{"0" * 5000}}}', None),  # past Python's int-parsing limit
+        (CHAT, "[" * 5000 + "]" * 5000, None),  # nested past the parser's recursion limit
+        (COMPLETION, '{"prompt": "ab", "echo": true}', "echo"),
+        (COMPLETION, '{"prompt": "ab", "suffix": "x"}', "suffix"),
+        (COMPLETION, '{"prompt": "ab", "best_of": 2}', "best_of"),
+        (COMPLETION, '{"prompt": "ab", "stream": 1}', "stream"),
+    ],
+)
+def test_bad_input_is_400_in_openai_shape(server, path, data, param):
+    status, text = call(server[0], path, data=data.encode())
+    assert status == 400, text
+    err = error_of(text)
+    assert err["type"] == "invalid_request_error" and "Error:" not in err["message"]
+    if param:
+        assert err["param"] == param
+    assert_serving(server[0])
+
+
+@pytest.mark.parametrize(
+    "path,extra",
+    [
+        (CHAT, {"seed": 2**64 - 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}}),
+        (CHAT, {"user": "u", "metadata": {"run": "x"}, "store": False, "stream": False, "stream_options": None}),
+        (COMPLETION, {"echo": False, "best_of": 1, "suffix": None, "logprobs": None}),
+    ],
+)
+def test_defaults_of_unsupported_fields_are_accepted(server, path, extra):
+    body = {"messages": MSG} if path == CHAT else {"prompt": "ab"}
+    status, text = call(server[0], path, {**body, "max_tokens": 2, **extra})
+    assert status == 200, text
+
+
+def test_internal_errors_are_opaque_and_counted(server, monkeypatch):
+    url, app, _ = server
+
+    def broken(*_a, **_k):
+        raise RuntimeError("secret-detail at /srv/model")
+
+    monkeypatch.setattr(app.state.scheduler, "generate", broken)
+    before = metric(url, "chat", 500)
+    status, text = call(url, CHAT, {"messages": MSG, "max_tokens": 2})
+    assert status == 500 and error_of(text) == {
+        "message": "internal error",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+    status, text = call(url, CHAT, {"messages": MSG, "max_tokens": 2, "stream": True})
+    assert status == 200 and '"internal error"' in text and "secret" not in text
+    assert metric(url, "chat", 500) == before + 2
+
+
+def test_request_size_limit(server):
+    url = server[0]
+    big = {"messages": MSG, "max_tokens": 2, "user": "x" * LIMIT}
+    status, text = call(url, CHAT, big)
+    assert status == 413 and error_of(text)["code"] == "request_too_large"
+    data = json.dumps(big).encode()
+    status, text = call(url, CHAT, data=(data[i : i + 1000] for i in range(0, len(data), 1000)))  # chunked
+    assert status == 413 and error_of(text)["code"] == "request_too_large"
+    status, text = call(url, CHAT, {**big, "user": "x" * (LIMIT - 200)})
+    assert status == 200, text
+
+
+def test_client_chat_templates_are_refused_by_default(server):
+    body = {"messages": MSG, "max_tokens": 2}
+    status, text = call(server[0], CHAT, {**body, "chat_template_kwargs": {"chat_template": "Z"}})
+    assert status == 400 and error_of(text)["param"] == "chat_template_kwargs"
+    assert "--allow-client-chat-template" in error_of(text)["message"]
+    status, text = call(server[0], CHAT, {**body, "chat_template": "Z"})
+    assert status == 400 and error_of(text)["param"] == "chat_template"
+
+
+def test_client_chat_templates_with_the_flag(open_server):
+    body = {"messages": MSG, "max_tokens": 2}
+    status, text = call(open_server[0], CHAT, {**body, "chat_template_kwargs": {"chat_template": "Z"}})
+    assert status == 200 and json.loads(text)["usage"]["prompt_tokens"] == 1
+    status, text = call(open_server[0], CHAT, {**body, "chat_template": "ZZ"})
+    assert status == 200 and json.loads(text)["usage"]["prompt_tokens"] == 2
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_health_answers_while_a_prompt_is_being_prepared(server, monkeypatch, kind):
+    """A slow template render or tokenization (held here on an event) must not block the event loop."""
+    url, _, loaded = server
+    tok = loaded.tokenizer
+    entered, release = threading.Event(), threading.Event()
+    if kind == "chat":
+        real = tok.apply_chat_template
+
+        def slow(*a, **k):
+            entered.set()
+            release.wait(30)
+            return real(*a, **k)
+
+        monkeypatch.setattr(tok, "apply_chat_template", slow)
+        path, body = CHAT, {"messages": MSG, "max_tokens": 2}
+    else:
+        real_call = type(tok).__call__
+
+        def slow_call(self, text, *a, **k):
+            if isinstance(text, str) and text.startswith("SLOW"):
+                entered.set()
+                release.wait(30)
+            return real_call(self, text, *a, **k)
+
+        monkeypatch.setattr(type(tok), "__call__", slow_call)
+        path, body = COMPLETION, {"prompt": "SLOW ab", "max_tokens": 2}
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(call, url, path, body)
+        try:
+            assert entered.wait(10)
+            t0 = time.perf_counter()
+            assert call(url, "/health", key=None, timeout=5)[0] == 200
+            assert call(url, "/v1/models", timeout=5)[0] == 200
+            assert time.perf_counter() - t0 < 3
+        finally:
+            release.set()
+        assert pending.result()[0] == 200
+
+
+def test_abandoned_non_streaming_request_is_cancelled(server):
+    url, _, loaded = server
+    forwards = []
+    hook = loaded.model.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        before = metric(url, "chat", 499)
+        u = urlsplit(url)
+        body = json.dumps({"messages": MSG, "max_tokens": 800}).encode()  # this prompt runs the full 800
+        head = (
+            f"POST {CHAT} HTTP/1.1\r\nHost: {u.hostname}\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        sock = socket.create_connection((u.hostname, u.port))
+        sock.sendall(head.encode() + body)
+        deadline = time.monotonic() + 30
+        while len(forwards) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sock.close()
+        deadline = time.monotonic() + 10
+        while metric(url, "chat", 499) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(url, "chat", 499) == before + 1, "the abandoned request was not cancelled"
+        stopped = len(forwards)
+        time.sleep(0.3)
+        assert len(forwards) == stopped < 800
+    finally:
+        hook.remove()
+    assert_serving(url)
+
+
+def test_unknown_paths_and_methods_answer_in_openai_shape(server):
+    status, text = call(server[0], "/v1/nope")
+    assert status == 404 and "/v1/nope" in error_of(text)["message"]
+    status, text = call(server[0], CHAT, method="GET")
+    assert status == 405 and error_of(text)["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/docs", "/openapi.json", "/v1/models"])
+def test_api_key_guards_every_path_but_health(server, path):
+    status, text = call(server[0], path, key=None)
+    assert status == 401 and error_of(text)["code"] == "invalid_api_key"
+    assert call(server[0], path, key="wrong")[0] == 401
+    assert call(server[0], path)[0] == 200
+    assert call(server[0], "/health", key=None)[0] == 200
