@@ -93,7 +93,15 @@ def tiny_hybrid_model(*, tied: bool = True, seed: int = 0, vocab: int = VOCAB, a
     return model.eval()
 
 
-def tiny_checkpoint(directory, *, arch: str = "qwen3", bd_size: int = 4, seed: int = 0, clean_causal: bool = True):
+def tiny_checkpoint(
+    directory,
+    *,
+    arch: str = "qwen3",
+    bd_size: int = 4,
+    seed: int = 0,
+    clean_causal: bool = True,
+    within_block_causal: bool = False,
+):
     """A servable block-diffusion checkpoint: tiny random model, char tokenizer, <|mask|>, sidecar."""
     from bdcore.sidecar import Sidecar, write_sidecar
     from data.toy_tokenizer import build_char_tokenizer
@@ -115,6 +123,7 @@ def tiny_checkpoint(directory, *, arch: str = "qwen3", bd_size: int = 4, seed: i
             mask_id=mask_id,
             ar_loss_weight=0.2 if clean_causal else 0.0,
             clean_causal=clean_causal,
+            within_block_causal=within_block_causal,
             base_model="tiny",
         ),
     )

@@ -1,0 +1,254 @@
+"""A slow reference decoder for greedy decoding, written for clarity, not speed.
+
+No KV cache and no recurrent state carried between forwards: every forward is one full-sequence
+forward over [clean tokens (prompt + everything committed so far, plus the rows being verified),
+canvas], whose attention mask comes straight from `bdcore.attention_rule.dense_mask` over per-token
+metadata, as a training row's does. Hybrid (gated-delta) layers run the trainer's two-stream forward
+over the same metadata (`train.hybrid`), so canvases start from the clean state before their block
+and read as the trainer reads them. The decode logic (seeds, the threshold commit rule, the step
+budget, fused commits, self-spec acceptance and cold steps, stop tokens and max_tokens) is written
+out here again from DESIGN section 6 instead of calling the engine's helpers, so a bug in the
+engine's bookkeeping cannot hide behind the same code on both sides.
+
+The engine must equal this decoder token for token and forward for forward
+(`tests/test_reference_decoder.py`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from bdcore.attention_rule import TokenMeta, dense_mask
+
+
+@dataclass(frozen=True)
+class _LayoutRule:
+    """What `train.hybrid.build_layout` reads of a config; `bd_size` is this forward's canvas length."""
+
+    bd_size: int
+    clean_causal: bool
+    within_block_causal: bool
+
+
+@dataclass
+class Result:
+    tokens: list[int] = field(default_factory=list)  # the answer, without its stop token
+    finish_reason: str | None = None
+    generated: int = 0  # tokens the model produced for the answer, the stop token included
+    forwards: int = 0
+    accepted: Counter = field(default_factory=Counter)  # self-spec: drafts accepted per step (cold steps: 0)
+
+
+class ReferenceModel:
+    """Full-sequence forwards of one model (fp32, stock SDPA), mask token banned."""
+
+    def __init__(self, model_dir, *, mask_id: int, clean_causal: bool, within_block_causal: bool):
+        from transformers import AutoModelForCausalLM
+
+        from train.hybrid import is_hybrid, patch_gated_delta_layers
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+        self.model.eval()
+        self.hybrid = is_hybrid(self.model.config)
+        if self.hybrid:
+            patch_gated_delta_layers(self.model)
+        self.mask_id = mask_id
+        self.clean_causal = clean_causal
+        self.within_block_causal = within_block_causal
+
+    @torch.no_grad()
+    def __call__(self, clean: list[int], blocks: list[tuple[int, int]], canvas: list[int] | None = None):
+        """Logits of the clean rows [len(clean), V] and of the canvas rows [len(canvas), V] (or None).
+
+        `blocks`: [start, end) ranges of `clean` that are committed response blocks (they matter when
+        the clean stream is block-causal). The canvas sits right after `clean` (same positions as the
+        tokens it will become). For hybrids the clean stream also carries a stand-in for the canvas's
+        block, which nothing sees, because the trainer's layout finds a noised block's entry state
+        through the clean block at the same place.
+        """
+        n = len(clean)
+        tokens, stream, pos, blk, bstart = [], [], [], [], []
+
+        def add(tok, s, p, b, start):
+            tokens.append(tok), stream.append(s), pos.append(p), blk.append(b), bstart.append(start)
+
+        block_of = {}
+        for b, (s, e) in enumerate(blocks):
+            for i in range(s, e):
+                block_of[i] = (b, s)
+        for i, t in enumerate(clean):
+            b, s = block_of.get(i, (-1, i))
+            add(t, 0, i, b, s)
+        if canvas is not None:
+            cb = len(blocks)
+            if self.hybrid:
+                for j, t in enumerate(canvas):
+                    add(t, 0, n + j, cb, n)
+            for j, t in enumerate(canvas):
+                add(t, 1, n + j, cb, n)
+        meta = TokenMeta(*(torch.tensor([x]) for x in (stream, [0] * len(tokens), pos, blk, bstart)))
+        mask = dense_mask(meta, clean_causal=self.clean_causal, within_block_causal=self.within_block_causal)
+        if self.hybrid:
+            from train.hybrid import build_layout
+
+            rule = _LayoutRule(len(canvas) if canvas else 1, self.clean_causal, self.within_block_causal)
+            width = self.model.config.linear_conv_kernel_dim
+            mask = {"full_attention": mask, "linear_attention": build_layout(meta, rule, conv_width=width)}
+        hidden = self.model.get_decoder()(
+            input_ids=torch.tensor([tokens]), attention_mask=mask, position_ids=meta.pos, use_cache=False
+        ).last_hidden_state[0]
+        logits = self.model.get_output_embeddings()(hidden).float()
+        logits[:, self.mask_id] = float("-inf")
+        canvas_logits = logits[len(tokens) - len(canvas) :] if canvas is not None else None
+        return logits[:n], canvas_logits
+
+
+def _argmax(logits: torch.Tensor) -> list[int]:
+    return logits.argmax(-1).tolist()
+
+
+class _Answer:
+    """The answer so far: a stop token ends it (and is counted as generated), so does max_tokens."""
+
+    def __init__(self, result: Result, max_tokens: int, stop_ids):
+        self.r, self.max_tokens, self.stop_ids = result, max_tokens, set(stop_ids)
+
+    def add(self, new: list[int]) -> bool:
+        for t in new:
+            self.r.generated += 1
+            if t in self.stop_ids:
+                self.r.finish_reason = "stop"
+                return True
+            self.r.tokens.append(t)
+            if len(self.r.tokens) == self.max_tokens:
+                self.r.finish_reason = "length"
+                return True
+        return False
+
+
+def causal(ref: ReferenceModel, prompt: list[int], *, max_tokens: int, stop_ids) -> Result:
+    r = Result()
+    answer = _Answer(r, max_tokens, stop_ids)
+    seq = list(prompt)
+    while True:
+        clean_logits, _ = ref(seq, [])
+        r.forwards += 1
+        tok = _argmax(clean_logits[-1])
+        if answer.add([tok]):
+            return r
+        seq.append(tok)
+
+
+def _denoise(rows_logits, canvas, masked, *, threshold, last_step):
+    """Row j predicts slot j + 1. Commit every masked slot above the threshold, at least the most
+    confident masked slot, and every masked slot on the last allowed step."""
+    probs = rows_logits.softmax(-1)
+    tokens = _argmax(rows_logits)
+    confidence = [float(probs[j, tokens[j]]) for j in range(len(tokens))]
+    slots = [s for s in range(1, len(canvas)) if masked[s]]
+    if last_step:
+        chosen = slots
+    else:
+        chosen = [s for s in slots if confidence[s - 1] > threshold]
+        if not chosen and slots:
+            chosen = [max(slots, key=lambda s: confidence[s - 1])]
+    for s in chosen:
+        canvas[s], masked[s] = tokens[s - 1], False
+
+
+def _decided(canvas, masked, stop_ids) -> bool:
+    if not any(masked):
+        return True
+    for i, t in enumerate(canvas):
+        if not masked[i] and t in stop_ids:
+            return not any(masked[:i])
+    return False
+
+
+def diffusion(
+    ref: ReferenceModel,
+    prompt: list[int],
+    *,
+    block: int,
+    budget: int,
+    threshold: float,
+    fuse_commit: bool,
+    max_tokens: int,
+    stop_ids,
+    mask_id: int,
+) -> Result:
+    r = Result()
+    answer = _Answer(r, max_tokens, stop_ids)
+    B, P = block, len(prompt)
+    committed: list[int] = []
+
+    def blocks():
+        return [(P + i, P + i + B) for i in range(0, len(committed), B)]
+
+    def start_block(clean_logits, canvas_logits):
+        """A new block: its seed from the last clean row; with a fused commit, its first denoise step
+        from the canvas of masks that rode along (whose seed slot was still masked)."""
+        canvas = [_argmax(clean_logits[-1])] + [mask_id] * (B - 1)
+        masked = [False] + [True] * (B - 1)
+        steps = 0
+        if canvas_logits is not None:
+            _denoise(canvas_logits[:-1], canvas, masked, threshold=threshold, last_step=budget <= 1)
+            steps = 1
+        return canvas, masked, steps
+
+    ride_along = [mask_id] * B if fuse_commit else None
+    clean_logits, canvas_logits = ref(prompt, [], ride_along)
+    r.forwards += 1
+    canvas, masked, steps = start_block(clean_logits, canvas_logits)
+    while True:
+        while not _decided(canvas, masked, stop_ids):
+            _, canvas_logits = ref(prompt + committed, blocks(), canvas)
+            r.forwards += 1
+            steps += 1
+            _denoise(canvas_logits[:-1], canvas, masked, threshold=threshold, last_step=steps >= budget)
+        if answer.add(canvas):
+            return r
+        committed += canvas
+        clean_logits, canvas_logits = ref(prompt + committed, blocks(), ride_along)
+        r.forwards += 1
+        canvas, masked, steps = start_block(clean_logits, canvas_logits)
+
+
+def self_spec(ref: ReferenceModel, prompt: list[int], *, draft_len: int, max_tokens: int, stop_ids, mask_id) -> Result:
+    """Greedy self-spec. `known` is the prompt and every emitted token; its last token (`pending`) has
+    not been verified into the context yet, which only matters to the engine's cache."""
+    r = Result()
+    answer = _Answer(r, max_tokens, stop_ids)
+    N = draft_len
+    # The prefill: the last prompt row gives the first token; a canvas of N masks at its place drafts
+    # the N - 1 tokens after it.
+    clean_logits, canvas_logits = ref(prompt, [], [mask_id] * N)
+    r.forwards += 1
+    known = list(prompt) + [_argmax(clean_logits[-1])]
+    drafts = _argmax(canvas_logits[: N - 1])
+    if answer.add(known[-1:]):
+        return r
+    while True:
+        if drafts is None:  # cold step: the next AR token, and drafts after it from a canvas at its place
+            clean_logits, canvas_logits = ref(known, [], [mask_id] * (N - 1))
+            r.forwards += 1
+            emitted = [_argmax(clean_logits[-1])]
+            drafts = _argmax(canvas_logits)
+            r.accepted[0] += 1
+        else:  # verify: AR tokens after `pending` and after each draft
+            clean_logits, canvas_logits = ref(known + drafts, [], [mask_id] * (N - 1))
+            r.forwards += 1
+            ar = _argmax(clean_logits[len(known) - 1 :])
+            k = 0
+            while k < len(drafts) and drafts[k] == ar[k]:
+                k += 1
+            r.accepted[k] += 1
+            emitted = drafts[:k] + [ar[k]]
+            # All drafts accepted: the canvas after them sits at the bonus token's place and drafts on.
+            drafts = _argmax(canvas_logits) if k == N - 1 else None
+        if answer.add(emitted):
+            return r
+        known += emitted
