@@ -9,16 +9,30 @@ from train.cli import parse_args
 
 def main(argv=None) -> None:
     args = parse_args(argv)  # --help and bad flags answer here, before torch is imported
+    from train.config import FlagError
     from train.parallel import shutdown
     from train.trainer import run
 
-    run(args)
+    try:
+        run(args)
+    except FlagError as e:
+        # What the user can fix (a flag, the data, the model id) is one line, not a traceback.
+        _leave_process_group()
+        sys.exit(f"train.py: error: {e}")
     shutdown()
     # Some torch builds abort in atexit teardown after FSDP2 with tied weights; everything is
     # written and flushed by now, so leave without running it.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _leave_process_group() -> None:
+    """Without the barrier of `shutdown`: other ranks may have stopped on the same error already."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

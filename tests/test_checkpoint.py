@@ -1,6 +1,7 @@
 """Checkpoints are atomic: a crash mid-save leaves the previous checkpoint and `latest` intact."""
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -79,3 +80,89 @@ def test_sidecar_rejects_unknown_version_and_mismatched_mask(tmp_path):
     (tmp_path / "block_diffusion.json").unlink()
     with pytest.raises(SidecarError, match="not found"):
         read_sidecar(tmp_path)
+
+
+class Kill(BaseException):
+    """A kill: nothing after it runs, not even `except Exception` clean-up."""
+
+
+FS_STEPS = ((os, "rename"), (os, "replace"), (os, "unlink"), (os, "remove"), (os, "rmdir"), (shutil, "rmtree"))
+
+
+def _kill_at(monkeypatch, k: int) -> list[int]:
+    """Let k filesystem mutations happen, then kill the process before the next one (and every later one:
+    the process is dead, whatever a library's error handling would do next). Returns [steps done]."""
+    done = [0]
+
+    def wrap(fn):
+        def step(*args, **kwargs):
+            if done[0] >= k:
+                raise Kill
+            done[0] += 1
+            return fn(*args, **kwargs)
+
+        return step
+
+    for module, name in FS_STEPS:
+        monkeypatch.setattr(module, name, wrap(getattr(module, name)))
+    return done
+
+
+def _weights(lm) -> dict:
+    return {k: v.full_tensor().clone() for k, v in lm.state_dict().items()}
+
+
+def _bump(lm) -> dict:
+    """Change every weight; return the new weights."""
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.add_(1.0)
+    return _weights(lm)
+
+
+def _kill_during_save(monkeypatch, k: int, run, name: str, state: dict, kw) -> bool:
+    with monkeypatch.context() as m:
+        done = _kill_at(m, k)
+        try:
+            save_checkpoint(run, name, trainer_state=state, **kw)
+        except BaseException:  # torch.distributed.checkpoint wraps what it catches
+            if done[0] < k:
+                raise
+            return False
+    return True
+
+
+@pytest.mark.parametrize("previous", ["final", "step_1", None])
+def test_a_kill_at_any_step_of_a_save_leaves_the_run_resumable(one_rank, tmp_path, monkeypatch, previous):
+    tok = build_char_tokenizer()
+    lm = TwoStreamLM(tiny_model("qwen3", vocab=len(tok)), BlockDiffusionConfig(bd_size=4))
+    fsdp_shard(lm, lm.model.get_decoder().layers, None)
+    opt = build_optimizer(lm, lr=1e-3, weight_decay=0.0)
+    kw = dict(model=lm, optimizer=opt, tokenizer=tok, info=one_rank, sidecar=None, save_dtype=torch.float32)
+    for k in range(200):
+        run = tmp_path / f"kill_{k}"
+        run.mkdir()
+        weights_at = {1: _bump(lm)}
+        if previous is not None:
+            save_checkpoint(run, previous, trainer_state={"step": 1, "data_position": 1}, **kw)
+        weights_at[2] = _bump(lm)
+        finished = _kill_during_save(monkeypatch, k, run, "final", {"step": 2, "data_position": 2}, kw)
+        if not any((d / "train_state" / "trainer_state.json").is_file() for d in run.iterdir()):
+            assert previous is None and not finished, k  # killed before the first checkpoint was complete
+            continue
+        if previous == "final":  # --resume run/final, named while a kill had it renamed aside
+            assert (resolve_resume(run / "final") / "train_state" / "trainer_state.json").is_file(), k
+        ckpt = resolve_resume(run)
+        assert (ckpt / "config.json").is_file() and (ckpt / "model.safetensors").is_file(), (k, ckpt)
+        state = load_train_state(ckpt, lm, opt, one_rank)
+        assert state["step"] in (1, 2) and state["data_position"] == state["step"], (k, state)
+        for name, v in lm.state_dict().items():
+            torch.testing.assert_close(v.full_tensor(), weights_at[state["step"]][name])
+        # The run goes on: the next save of the same name succeeds and is what resume finds.
+        save_checkpoint(run, "final", trainer_state={"step": 3, "data_position": 3}, **kw)
+        assert resolve_resume(run) == run / "final"
+        assert load_train_state(run / "final", lm, opt, one_rank)["step"] == 3
+        if finished:
+            assert k > 3, "the save has several filesystem steps; each was killed in turn"
+            return
+    raise AssertionError("the save never finished")

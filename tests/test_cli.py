@@ -1,7 +1,10 @@
 """train.py's command line: help without torch, every documented flag, clear start-up errors."""
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +15,8 @@ FLAGS = (
     "--model_id --dataset --bd_size --ar_loss_weight --ar_only --within_block_causal --loss_weighting --views "
     "--max_length --max_response_length --length_buckets --pack --multiturn --micro_batch_size --grad_accum "
     "--max_steps --lr --warmup --lr_min_ratio --weight_decay --grad_clip --seed --save_dir --save_every "
-    "--resume --log_every --activation_checkpointing --activation_offload --fused_ce --compile --dtype "
+    "--resume --allow_schedule_change --log_every --activation_checkpointing --activation_offload --fused_ce "
+    "--compile --dtype "
     "--trust_remote_code --wandb --tensorboard"
 ).split()
 
@@ -109,3 +113,55 @@ def test_empty_dataset_is_a_clear_error(demo_kit, tmp_path):
     )
     assert proc.returncode != 0
     assert "no usable samples" in proc.stderr and "malformed_json" in proc.stderr
+
+
+def _train_error(demo_kit, tmp_path, *, model_id=None, dataset=None, env=None) -> tuple[str, Path]:
+    """Run train.py expecting a start-up error; return (the one error line, the run directory)."""
+    run = tmp_path / "r"
+    model = str(demo_kit / "base_model") if model_id is None else model_id
+    data = str(demo_kit / "train.jsonl") if dataset is None else dataset
+    args = ["--model_id", model, "--dataset", data, "--save_dir", str(run), "--bd_size", "4", "--max_length", "64"]
+    env = {**os.environ, **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0].startswith("train.py: error: "), errors
+    return errors[0], run
+
+
+def test_no_usable_sample_is_one_line_and_writes_data_stats(demo_kit, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": []}\nnot json\n')
+    line, run = _train_error(demo_kit, tmp_path, dataset=str(bad))
+    assert "--dataset" in line and "no usable samples" in line and "malformed_json" in line
+    stats = json.loads((run / "data_stats.json").read_text())
+    assert (stats["records"], stats["kept"], stats["rows"]) == (2, 0, 0)
+    assert stats["skipped"] == {"malformed_json": 1, "no_assistant_turn": 1}
+
+
+@pytest.mark.parametrize("where", ["missing_file", "directory_without_jsonl"])
+def test_missing_dataset_is_one_line_and_writes_data_stats(demo_kit, tmp_path, where):
+    if where == "missing_file":
+        data, hint = tmp_path / "nope.jsonl", "no such file"
+    else:
+        data, hint = tmp_path / "empty", "no .jsonl"
+        data.mkdir()
+    line, run = _train_error(demo_kit, tmp_path, dataset=str(data))
+    assert "--dataset" in line and hint in line
+    assert json.loads((run / "data_stats.json").read_text())["records"] == 0
+
+
+@pytest.mark.parametrize("where", ["nonexistent_dir", "empty_dir", "empty_string", "unknown_hub_id"])
+def test_bad_model_id_is_one_line(demo_kit, tmp_path, where):
+    model = {
+        "nonexistent_dir": str(tmp_path / "no_model"),
+        "empty_dir": str(tmp_path),
+        "empty_string": "",
+        "unknown_hub_id": "nobody-here/no-such-model",
+    }[where]
+    line, _ = _train_error(demo_kit, tmp_path, model_id=model, env={"HF_HUB_OFFLINE": "1"})
+    assert "--model_id" in line and ("hub id" in line or "save_pretrained" in line), line

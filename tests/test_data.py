@@ -5,7 +5,7 @@ import json
 import pytest
 
 from data.toy_tokenizer import build_char_tokenizer
-from train.data import load_samples
+from train.data import DataError, load_samples
 from train.packing import RowStream, bucket_length, pack_first_fit
 from train.special_tokens import end_of_turn_id
 
@@ -108,7 +108,7 @@ def test_template_mismatch_is_not_supervised(tok, tmp_path):
 
 
 def test_missing_dataset_and_empty_directory_are_clear_errors(tok, tmp_path):
-    with pytest.raises(FileNotFoundError, match="no such file"):
+    with pytest.raises(DataError, match="no such file"):
         load_samples(
             str(tmp_path / "nope.jsonl"),
             tok,
@@ -120,7 +120,7 @@ def test_missing_dataset_and_empty_directory_are_clear_errors(tok, tmp_path):
             views=2,
         )
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="no .jsonl"):
+    with pytest.raises(DataError, match="no .jsonl"):
         load_samples(
             str(tmp_path / "empty"),
             tok,
@@ -162,3 +162,49 @@ def test_row_stream_shards_ranks_disjointly_and_in_lockstep():
     again.position = 12
     assert again.next_micro_batch() == seen[2][1], "position alone resumes the stream"
     assert bucket_length(70, None) == 128 and bucket_length(70, [64, 96, 256]) == 96
+
+
+def test_non_utf8_line_is_skipped_and_counted_and_a_bom_is_not(tok, tmp_path):
+    path = tmp_path / "d.jsonl"
+    good = json.dumps(conv("hi", "yo")).encode()
+    path.write_bytes(
+        b"\xef\xbb\xbf" + good + b"\n" + '{"messages": "caf\xe9"}'.encode("latin-1") + b"\n" + good + b"\n"
+    )
+    samples, stats = load_samples(
+        str(path),
+        tok,
+        end_of_turn_id(tok),
+        multiturn=False,
+        max_length=10_000,
+        max_response_length=None,
+        bd_size=4,
+        views=2,
+    )
+    assert stats.records == 3 and stats.kept == 2 and len(samples) == 2
+    assert stats.skipped == {"not_utf8": 1}
+
+
+def test_list_content_of_non_text_items_is_skipped_and_text_parts_are_joined(tok, tmp_path):
+    image = [{"type": "image", "image": "cat.png"}]
+    lines = [
+        {"messages": [{"role": "user", "content": image}, {"role": "assistant", "content": "a cat"}]},
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": [1, 2]}]},
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "he"}, "llo"]},
+                {"role": "assistant", "content": "ok"},
+            ]
+        },
+    ]
+    samples, stats = _load(tok, tmp_path, lines)
+    assert stats.skipped == {"non_text_content": 2} and stats.kept == 1
+    text = tok.decode(samples[0].input_ids)
+    assert "<|im_start|>user\nhello<|im_end|>" in text and "[" not in text
+
+
+def test_data_errors_carry_the_stats_and_name_the_flag(tok, tmp_path):
+    opts = dict(multiturn=False, max_length=99, max_response_length=None, bd_size=4, views=2)
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    with pytest.raises(DataError, match="--dataset") as e:
+        load_samples(str(tmp_path / "bad.jsonl"), tok, 2, **opts)
+    assert e.value.stats.skipped == {"malformed_json": 1} and "\n" not in str(e.value)

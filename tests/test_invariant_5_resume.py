@@ -1,11 +1,14 @@
 """Invariant 5: N steps + resume + M steps == N + M uninterrupted (losses, lr, weights)."""
 
 import json
+import subprocess
+import sys
 
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import read_metrics, run_train
+from tests.conftest import REPO, read_metrics, run_train
+from train.metrics import RunLogger
 
 
 def test_resume_continues_the_same_run(demo_kit, tmp_path):
@@ -44,7 +47,22 @@ def test_resume_continues_the_same_run(demo_kit, tmp_path):
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-6)
 
 
-def test_resume_from_a_run_directory_uses_latest(demo_kit, tmp_path):
+def _steps(run) -> list[int]:
+    return [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+
+
+def test_resume_logs_each_step_once(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (1, 2, 3, 4)))
+    logger = RunLogger(run, enabled=True, max_steps=5, start_step=2)
+    for step in (3, 4, 5):
+        logger.step({"step": step, "loss": 0.5, "diff": 0.5, "ar": 0.5, "lr": 1e-3, "tokens_per_s": 1.0})
+    logger.close()
+    assert _steps(run) == [1, 2, 3, 4, 5]
+
+
+def test_resume_in_the_run_directory_logs_once_and_guards_the_schedule(demo_kit, tmp_path):
     common = [
         "--model_id",
         str(demo_kit / "base_model"),
@@ -58,6 +76,32 @@ def test_resume_from_a_run_directory_uses_latest(demo_kit, tmp_path):
         "1e-3",
     ]
     run = tmp_path / "run"
-    run_train([*common, "--max_steps", "2", "--save_dir", str(run)])
-    run_train([*common, "--max_steps", "3", "--save_dir", str(run), "--resume", str(run)])
-    assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [1, 2, 3]
+    run_train([*common, "--max_steps", "3", "--save_every", "2", "--save_dir", str(run)])
+    # A run killed after step 3 restarts from step_2: step 3 is logged once.
+    run_train([*common, "--max_steps", "3", "--save_dir", str(run), "--resume", str(run / "step_2")])
+    assert _steps(run) == [1, 2, 3]
+
+    changed = [*common[:-1], "2e-3", "--max_steps", "4", "--warmup", "1", "--lr_min_ratio", "0.5"]
+    proc = subprocess.run(
+        [sys.executable, "train.py", *changed, "--save_dir", str(run), "--resume", str(run)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("train.py: error:")]
+    for flag, old, new in (
+        ("--max_steps", 3, 4),
+        ("--lr", 0.001, 0.002),
+        ("--warmup", 0, 1),
+        ("--lr_min_ratio", 0.1, 0.5),
+    ):
+        assert f"{flag} {old} -> {new}" in line, line
+    assert "--allow_schedule_change" in line
+    assert _steps(run) == [1, 2, 3]
+
+    run_train([*changed, "--save_dir", str(run), "--resume", str(run), "--allow_schedule_change"])
+    assert _steps(run) == [1, 2, 3, 4]
+    changes = json.loads((run / "run_config.json").read_text())["schedule_changes"]
+    assert changes == {"max_steps": [3, 4], "lr": [0.001, 0.002], "warmup": [0, 1], "lr_min_ratio": [0.1, 0.5]}

@@ -6,9 +6,18 @@
     <save_dir>/final/     the same, at the end of the run
     <save_dir>/latest     the name of the newest complete checkpoint
 
-Every checkpoint is written to `.tmp-<name>` and renamed into place only when complete, and
-`latest` is replaced atomically after that, so a run killed mid-save leaves the previous
-checkpoint (and the pointer to it) intact.
+A checkpoint is complete when its train_state/trainer_state.json exists: that file is written
+last, after everything else in the directory is fsynced. Saving `<name>`:
+
+    1. write `.tmp-<name>/`, fsync it, then write its trainer_state.json (the completion mark)
+    2. if `<name>/` exists, rename it to `.old-<name>/`
+    3. rename `.tmp-<name>/` to `<name>/`
+    4. remove `.old-<name>/` (its completion mark first), then replace `latest` atomically
+
+A kill at any instant leaves a complete copy that `resolve_resume` finds: the one `latest` names,
+else that name's `.tmp-` copy (newer) or `.old-` copy (between steps 2 and 3), else the newest
+complete checkpoint in the run directory (a kill before the first `latest` was written). The next
+save of a name whose directory went missing first renames its complete copy back into place.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from bdcore.sidecar import Sidecar, write_sidecar
+from train.config import FlagError
 from train.parallel import DistInfo
 
 TRAIN_STATE = "train_state"
@@ -37,10 +47,74 @@ LATEST = "latest"
 TRAINER_STATE = "trainer_state.json"
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for directory, _, files in os.walk(root):
+        for f in files:
+            _fsync(Path(directory) / f)
+        _fsync(Path(directory))
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    _fsync(path.parent)
+
+
+def _marker(ckpt: Path) -> Path:
+    return ckpt / TRAIN_STATE / TRAINER_STATE
+
+
+def is_complete(ckpt: Path) -> bool:
+    return _marker(ckpt).is_file()
+
+
+def _remove(ckpt: Path) -> None:
+    """Delete a checkpoint directory; its completion mark goes first, so no half-deleted copy looks complete."""
+    _marker(ckpt).unlink(missing_ok=True)
+    shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def _copies(run_dir: Path, name: str) -> tuple[Path, Path, Path]:
+    """Where checkpoint `name` can be: in place, being written (newer), set aside mid-swap (older)."""
+    return run_dir / name, run_dir / f".tmp-{name}", run_dir / f".old-{name}"
+
+
+def _heal(run_dir: Path, name: str) -> None:
+    """A kill between the two renames of a save left `name` missing: rename its complete copy back."""
+    final, *spares = _copies(run_dir, name)
+    if final.exists():
+        return
+    for spare in spares:
+        if is_complete(spare):
+            os.rename(spare, final)
+            _fsync(run_dir)
+            return
+
+
+def _commit(run_dir: Path, name: str, trainer_state: dict) -> None:
+    """Rank 0: mark `.tmp-<name>` complete and swap it in (steps 1-4 of the module docstring)."""
+    final, tmp, old = _copies(run_dir, name)
+    _fsync_tree(tmp)
+    _write_atomic(_marker(tmp), json.dumps(trainer_state))
+    if final.exists():
+        _remove(old)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync(run_dir)
+    _remove(old)
+    _write_atomic(run_dir / LATEST, name + "\n")
 
 
 def export_hf(model, tokenizer, directory: Path, info: DistInfo, *, sidecar: Sidecar | None, save_dtype) -> None:
@@ -73,9 +147,10 @@ def save_checkpoint(
     before_commit=None,
 ) -> Path:
     """Write `run_dir/name` atomically (collective: every rank calls it). Returns the final path."""
-    tmp, final = run_dir / f".tmp-{name}", run_dir / name
+    final, tmp, _ = _copies(run_dir, name)
     if info.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _heal(run_dir, name)
+        _remove(tmp)
         (tmp / TRAIN_STATE).mkdir(parents=True)
     dist.barrier()
     export_hf(model.model, tokenizer, tmp, info, sidecar=sidecar, save_dtype=save_dtype)
@@ -89,31 +164,49 @@ def save_checkpoint(
     if before_commit is not None:  # tests: simulate a crash before the rename
         before_commit()
     if info.is_main:
-        (tmp / TRAIN_STATE / TRAINER_STATE).write_text(json.dumps({**trainer_state, "world_size": info.world_size}))
-        old = run_dir / f".old-{name}"
-        if final.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-        _write_atomic(run_dir / LATEST, name + "\n")
+        _commit(run_dir, name, {**trainer_state, "world_size": info.world_size})
     dist.barrier()
     return final
 
 
 def resolve_resume(path: str | os.PathLike) -> Path:
-    """A checkpoint directory, or a run directory whose `latest` names one."""
+    """The complete checkpoint `--resume path` means: `path` itself, or in a run directory the one
+    `latest` names; failing those, the complete copy a killed save left (see the module docstring)."""
     p = Path(path)
-    if (p / TRAIN_STATE / TRAINER_STATE).is_file():
+    if is_complete(p):
         return p
+    candidates = list(_copies(p.parent, p.name)[1:])
     if (p / LATEST).is_file():
-        target = p / (p / LATEST).read_text().strip()
-        if (target / TRAIN_STATE / TRAINER_STATE).is_file():
-            return target
-    raise SystemExit(
-        f"train.py: error: --resume: {path} holds no complete checkpoint (expected {TRAIN_STATE}/{TRAINER_STATE}, "
-        f"or a run directory with a '{LATEST}' file)"
-    )
+        candidates = [*_copies(p, (p / LATEST).read_text().strip()), *candidates]
+    found = next((c for c in candidates if is_complete(c)), None) or _newest_complete(p)
+    if found is None:
+        raise FlagError(
+            "--resume",
+            f"{path} holds no complete checkpoint (a directory with {TRAIN_STATE}/{TRAINER_STATE}, or a run "
+            f"directory that holds one); pass a checkpoint or run directory written by train.py",
+        )
+    return found
+
+
+def _newest_complete(run_dir: Path) -> Path | None:
+    """The complete checkpoint of the most steps among run_dir's children (in-place names win ties)."""
+    if not run_dir.is_dir():
+        return None
+    complete = [d for d in run_dir.iterdir() if is_complete(d)]
+    if not complete:
+        return None
+    return max(complete, key=lambda d: (_steps_of(d), not d.name.startswith(".")))
+
+
+def _steps_of(ckpt: Path) -> int:
+    try:
+        return int(read_trainer_state(ckpt)["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
+
+
+def read_trainer_state(ckpt: Path) -> dict:
+    return json.loads(_marker(ckpt).read_text())
 
 
 def load_train_state(ckpt: Path, model, optimizer, info: DistInfo) -> dict:
@@ -129,4 +222,4 @@ def load_train_state(ckpt: Path, model, optimizer, info: DistInfo) -> dict:
         random.setstate(rng["python"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
-    return json.loads((ckpt / TRAIN_STATE / TRAINER_STATE).read_text())
+    return read_trainer_state(ckpt)

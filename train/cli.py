@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="checkpoint directory (or a run directory: its latest checkpoint) to continue from",
     )
+    s.add_argument(
+        "--allow_schedule_change",
+        action="store_true",
+        help="with --resume: accept a --max_steps, --lr, --warmup or --lr_min_ratio that differs from the "
+        "checkpoint's run (the lr schedule changes from the resumed step on; recorded in run_config.json)",
+    )
     s.add_argument("--log_every", type=int, default=1, help="metrics.jsonl / progress-bar interval in steps")
     s.add_argument("--wandb", default=None, metavar="PROJECT", help="log to Weights & Biases (needs wandb)")
     s.add_argument("--tensorboard", action="store_true", help="log to save_dir/tb (needs tensorboard)")
@@ -153,11 +159,28 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
             bad("--length_buckets", "lengths must be positive")
         if args.length_buckets[-1] < args.max_length:
             args.length_buckets.append(args.max_length)
-    if args.resume is not None and not os.path.isdir(args.resume):
+    # A checkpoint directory a kill left mid-rename is missing, but its run directory holds a copy.
+    if args.resume is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.resume))):
         bad("--resume", f"{args.resume} is not a directory")
+    _check_model_id(args.model_id, bad)
     if args.ar_only:
         args.views, args.ar_loss_weight = 0, 1.0
     return args
+
+
+def _check_model_id(model_id: str, bad) -> None:
+    """Local paths are checked here; a hub id is checked when it is downloaded."""
+    fix = "pass a hub id (e.g. Qwen/Qwen3-4B) or a local directory written by save_pretrained"
+    if not model_id.strip():
+        bad("--model_id", f"is empty; {fix}")
+    path = os.path.expanduser(model_id)
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            bad("--model_id", f"{model_id} holds no config.json; {fix}")
+    elif os.path.exists(path):
+        bad("--model_id", f"{model_id} is a file, not a model directory; {fix}")
+    elif model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:
+        bad("--model_id", f"{model_id}: no such directory; {fix}")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

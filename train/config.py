@@ -7,6 +7,17 @@ from dataclasses import asdict, dataclass
 LOSS_WEIGHTINGS = ("uniform", "inverse_rate")
 
 
+class FlagError(ValueError):
+    """A run that cannot start or go on because of what a command-line flag names.
+
+    Library code raises it; `train.py` prints it as one line (`train.py: error: <flag>: <problem and fix>`).
+    """
+
+    def __init__(self, flag: str, problem: str):
+        super().__init__(f"{flag}: {problem}")
+        self.flag = flag
+
+
 @dataclass(frozen=True)
 class BlockDiffusionConfig:
     """What a training row means. Everything that builds rows, masks or losses reads this.

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from train.config import FlagError
 from train.rows import Sample, two_stream_length
 
 ROLE_ALIASES = {
@@ -38,6 +39,14 @@ class SkipSample(Exception):
         self.reason = reason
 
 
+class DataError(FlagError):
+    """The --dataset source cannot give a single training sample; `stats` counts what was read."""
+
+    def __init__(self, problem: str, stats: DataStats | None = None):
+        super().__init__("--dataset", problem)
+        self.stats = stats
+
+
 @dataclass
 class DataStats:
     records: int = 0
@@ -55,46 +64,72 @@ class DataStats:
 
 
 def iter_records(source: str) -> Iterator[tuple[str, object]]:
-    """Yield (where, record) from a .jsonl file, a directory of .jsonl files, or a hub dataset id.
+    """(where, record) from a .jsonl file, a directory of .jsonl files, or a hub dataset id.
 
-    A line that is not valid JSON yields the `SkipSample("malformed_json")` in place of a record.
+    A missing source raises DataError here, not at the first record. A line that is not UTF-8 or
+    not JSON yields a `SkipSample` in place of a record; a blank line yields None.
     """
     path = Path(source)
     if path.is_dir():
         files = sorted(path.rglob("*.jsonl"))
         if not files:
-            raise FileNotFoundError(f"--dataset {source}: the directory holds no .jsonl files")
+            raise DataError(
+                f"{source}: the directory holds no .jsonl files; pass a .jsonl file or a directory that holds some"
+            )
     elif path.is_file():
         files = [path]
-    elif path.suffix == ".jsonl" or source.startswith((".", "/")):
-        raise FileNotFoundError(f"--dataset {source}: no such file or directory")
+    elif path.suffix == ".jsonl" or source.startswith((".", "/", "~")):
+        raise DataError(
+            f"{source}: no such file or directory; pass an existing .jsonl file, a directory of .jsonl files, "
+            "or a hub dataset id"
+        )
     else:
-        yield from _iter_hub(source)
-        return
+        return _iter_hub(source)
+    return _iter_files(files)
+
+
+def _iter_files(files: list[Path]) -> Iterator[tuple[str, object]]:
     for f in files:
-        with open(f, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield f"{f}:{n}", json.loads(line)
-                except json.JSONDecodeError:
-                    yield f"{f}:{n}", SkipSample("malformed_json")
+        with open(f, "rb") as fh:
+            for n, raw in enumerate(fh, 1):
+                yield f"{f}:{n}", _parse_line(raw)
+
+
+def _parse_line(raw: bytes) -> object:
+    """One JSONL line -> a record, or the SkipSample that says why it is none (blank lines: None)."""
+    try:
+        # utf-8-sig: editors on Windows start a file with a byte-order mark, which json rejects.
+        line = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return SkipSample("not_utf8")
+    if not line.strip():
+        return None
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return SkipSample("malformed_json")
 
 
 def _iter_hub(name: str) -> Iterator[tuple[str, object]]:
     try:
         import datasets
     except ImportError as e:
-        raise SystemExit(
-            f"--dataset {name}: not a local path, and loading it from the hub needs `datasets` "
+        raise DataError(
+            f"{name}: not a local path, and loading it from the hub needs `datasets` "
             "(pip install datasets), or pass a local .jsonl file or directory"
         ) from e
     split = "train"
     if ":" in name:
         name, split = name.split(":", 1)
-    for i, rec in enumerate(datasets.load_dataset(name, split=split)):
-        yield f"{name}[{i}]", rec
+    try:
+        records = datasets.load_dataset(name, split=split)
+    except Exception as e:  # the hub client raises many types; each means "cannot load this id"
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise DataError(
+            f"{name} (split {split!r}) cannot be loaded from the hub ({reason}); check the id and split "
+            "(name:split) and the network, or pass a local .jsonl file or directory"
+        ) from e
+    return ((f"{name}[{i}]", rec) for i, rec in enumerate(records))
 
 
 def normalize(record) -> tuple[list[dict], list | None]:
@@ -114,11 +149,8 @@ def normalize(record) -> tuple[list[dict], list | None]:
         role = ROLE_ALIASES.get(str(m[role_key]).lower())
         if role is None:
             raise SkipSample("unknown_role")
-        content = m.get(content_key)
-        if content is not None and not isinstance(content, (str, list)):
-            raise SkipSample("bad_content")
         msg = {k: v for k, v in m.items() if k not in (role_key, content_key)}
-        msg.update(role=role, content=content if content is not None else "")
+        msg.update(role=role, content=_text_content(m.get(content_key)))
         messages.append(msg)
     if not any(m["role"] == "assistant" for m in messages):
         raise SkipSample("no_assistant_turn")
@@ -126,6 +158,29 @@ def normalize(record) -> tuple[list[dict], list | None]:
     if tools is not None and not isinstance(tools, list):
         raise SkipSample("bad_tools")
     return messages, tools
+
+
+def _text_content(content) -> str:
+    """A message's content as text: a string, or a list of text parts joined (OpenAI / HF multimodal form).
+
+    Any other part (an image, audio, a number) would reach the chat template as its Python repr, or
+    be dropped by it silently, so such a message cannot be trained on as text.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise SkipSample("bad_content")
+    texts = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            raise SkipSample("non_text_content")
+    return "".join(texts)
 
 
 class ConversationTokenizer:
@@ -191,7 +246,11 @@ def load_samples(
     conv = ConversationTokenizer(tokenizer, eot_id, multiturn=multiturn, chat_template_kwargs=chat_template_kwargs)
     stats = DataStats()
     samples: list[Sample] = []
-    records = iter_records(source)
+    try:
+        records = iter_records(source)
+    except DataError as e:
+        e.stats = stats
+        raise
     if progress:
         from tqdm import tqdm
 
@@ -199,6 +258,8 @@ def load_samples(
             records, desc="tokenize", unit=" rec", dynamic_ncols=True, mininterval=0.2 if sys.stderr.isatty() else 30.0
         )
     for _, rec in records:
+        if rec is None:
+            continue
         stats.records += 1
         try:
             if isinstance(rec, SkipSample):
@@ -215,9 +276,10 @@ def load_samples(
         samples.append(sample)
         stats.kept += 1
     if not samples:
-        raise ValueError(
-            f"--dataset {source}: no usable samples out of {stats.records} records "
+        raise DataError(
+            f"{source}: no usable samples out of {stats.records} records "
             f"(skipped: {dict(stats.skipped) or 'none'}); check the format (messages/conversations), "
-            "the chat template and --max_length"
+            "the chat template and --max_length",
+            stats,
         )
     return samples, stats

@@ -9,11 +9,31 @@ from pathlib import Path
 
 import torch
 
+from train.config import FlagError
+
 
 def peak_memory_mib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # peak RSS, KiB -> MiB
+
+
+def _drop_records_after(path: Path, step: int) -> None:
+    """Keep metrics.jsonl to one record per step: a run resumed at `step` logs the later steps again
+    (a killed run had logged them after its last checkpoint; a fresh run restarts at 0)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if _record_step(line) <= step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
+
+
+def _record_step(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")  # a line torn by a kill mid-write belongs to no finished step
 
 
 class RunLogger:
@@ -35,6 +55,7 @@ class RunLogger:
         from tqdm import tqdm
 
         self.path = run_dir / "metrics.jsonl"
+        _drop_records_after(self.path, start_step)
         # In a terminal the bar redraws often; in a log file (CI, Slurm) it writes a line every 30 s.
         interactive = sys.stderr.isatty()
         self.bar = tqdm(
@@ -49,13 +70,13 @@ class RunLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
-                raise SystemExit("--tensorboard needs the tensorboard package (pip install tensorboard)") from e
+                raise FlagError("--tensorboard", "needs the tensorboard package (pip install tensorboard)") from e
             self.tb = SummaryWriter(str(run_dir / "tb"))
         if wandb_project:
             try:
                 import wandb
             except ImportError as e:
-                raise SystemExit("--wandb needs the wandb package (pip install wandb)") from e
+                raise FlagError("--wandb", "needs the wandb package (pip install wandb)") from e
             self.wandb = wandb.init(project=wandb_project, config=config, dir=str(run_dir))
 
     def step(self, record: dict | None) -> None:

@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 
 from bdcore.sidecar import Sidecar
-from train.checkpoint import load_train_state, resolve_resume, save_checkpoint
-from train.config import BlockDiffusionConfig
-from train.data import load_samples
+from train.checkpoint import load_train_state, read_trainer_state, resolve_resume, save_checkpoint
+from train.config import BlockDiffusionConfig, FlagError
+from train.data import DataError, DataStats, load_samples
 from train.loss import diffusion_weights, liger_available
 from train.metrics import RunLogger, peak_memory_mib
 from train.model import TwoStreamLM, attention_backend, check_supported_model
@@ -53,26 +53,65 @@ RESUME_MUST_MATCH = (
     "micro_batch_size",
     "grad_accum",
 )
+# Fields that shape the learning-rate schedule: a resume may change them only with --allow_schedule_change.
+SCHEDULE_FLAGS = ("max_steps", "lr", "warmup", "lr_min_ratio")
 
 
 def _check_runtime_flags(args, info: DistInfo) -> None:
     cuda = info.device.type == "cuda"
     if args.activation_offload and not cuda:
-        raise SystemExit(
-            "train.py: error: --activation_offload: needs a CUDA device (activations already live in host memory)"
-        )
+        raise FlagError("--activation_offload", "needs a CUDA device (activations already live in host memory)")
     if args.fused_ce == "on" and not liger_available():
-        raise SystemExit(
-            "train.py: error: --fused_ce on: needs CUDA and liger-kernel (pip install liger-kernel), or use auto/off"
-        )
+        raise FlagError("--fused_ce on", "needs CUDA and liger-kernel (pip install liger-kernel), or use auto/off")
     if args.dtype == "bf16" and not cuda:
-        raise SystemExit("train.py: error: --dtype bf16: CPU training runs in fp32; use --dtype auto or fp32 on CPU")
+        raise FlagError("--dtype bf16", "CPU training runs in fp32; use --dtype auto or fp32 on CPU")
+
+
+def _check_resume(args) -> tuple[Path, dict, dict]:
+    """Before any loading: the checkpoint --resume means, its trainer state, and the schedule flags
+    that change ({flag: [old, new]}, allowed only with --allow_schedule_change)."""
+    ckpt = resolve_resume(args.resume)
+    state = read_trainer_state(ckpt)
+    saved = state.get("config", {})
+
+    def changed(keys):
+        return {k: [saved[k], getattr(args, k)] for k in keys if k in saved and saved[k] != getattr(args, k)}
+
+    def listed(diff):
+        return ", ".join(f"--{k} {old} -> {new}" for k, (old, new) in diff.items())
+
+    fixed, schedule = changed(RESUME_MUST_MATCH), changed(SCHEDULE_FLAGS)
+    if fixed:
+        raise FlagError("--resume", f"{ckpt} was written with other flags ({listed(fixed)}); resume with its values")
+    if schedule and not args.allow_schedule_change:
+        raise FlagError(
+            "--resume",
+            f"{ckpt} was written with another lr schedule ({listed(schedule)}); resume with its values, or add "
+            f"--allow_schedule_change to follow the new schedule from step {state['step']}",
+        )
+    return ckpt, state, schedule
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def _load_tokenizer(args):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(args.model_id, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as e:  # the hub client's errors: not found, offline, gated, no tokenizer
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise FlagError(
+            "--model_id",
+            f"cannot load {args.model_id} ({reason}); check the hub id and the network (HF_HUB_OFFLINE), "
+            "or pass a local directory written by save_pretrained",
+        ) from e
 
 
 def _tokenizer_and_ids(args):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(args.model_id, trust_remote_code=args.trust_remote_code)
+    tok = _load_tokenizer(args)
     eot = end_of_turn_id(tok)
     try:
         fill = filler_id(tok, eot)
@@ -135,18 +174,24 @@ def _build_model(args, info: DistInfo, ids: SpecialIds, num_real, param_dtype, c
     return lm, save_dtype
 
 
-def _build_rows(args, info: DistInfo, tok, eot: int):
-    samples, stats = load_samples(
-        args.dataset,
-        tok,
-        eot,
-        multiturn=args.multiturn,
-        max_length=args.max_length,
-        max_response_length=args.max_response_length,
-        bd_size=args.bd_size,
-        views=args.views,
-        progress=info.is_main,
-    )
+def _build_rows(args, info: DistInfo, tok, eot: int, run_dir: Path):
+    """Rows of samples; data_stats.json is written even when the data cannot start a run."""
+    try:
+        samples, stats = load_samples(
+            args.dataset,
+            tok,
+            eot,
+            multiturn=args.multiturn,
+            max_length=args.max_length,
+            max_response_length=args.max_response_length,
+            bd_size=args.bd_size,
+            views=args.views,
+            progress=info.is_main,
+        )
+    except DataError as e:
+        if info.is_main:
+            _write_json(run_dir / "data_stats.json", {**(e.stats or DataStats()).to_dict(), "rows": 0})
+        raise
     order = list(range(len(samples)))
     random.Random(args.seed).shuffle(order)
     lengths = [two_stream_length(samples[i], args.bd_size, args.views) for i in order]
@@ -156,6 +201,8 @@ def _build_rows(args, info: DistInfo, tok, eot: int):
         groups = [[j] for j in range(len(order))]
     rows = [[samples[order[j]] for j in g] for g in groups]
     row_lengths = [sum(lengths[j] for j in g) for g in groups]
+    if info.is_main:
+        _write_json(run_dir / "data_stats.json", {**stats.to_dict(), "rows": len(rows)})
     return rows, row_lengths, stats
 
 
@@ -165,9 +212,10 @@ def run(args) -> dict:
     info = init_distributed()
     _check_runtime_flags(args, info)
     run_dir = Path(args.save_dir)
+    ckpt, resumed, schedule_changes = _check_resume(args) if args.resume else (None, None, {})
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "run_config.json").write_text(json.dumps(vars(args), indent=2, default=str) + "\n")
+        _write_json(run_dir / "run_config.json", {**vars(args), "schedule_changes": schedule_changes})
     cuda = info.device.type == "cuda"
     param_dtype = torch.bfloat16 if (args.dtype == "bf16" or (args.dtype == "auto" and cuda)) else None
 
@@ -179,9 +227,7 @@ def run(args) -> dict:
         within_block_causal=args.within_block_causal,
         loss_weighting=args.loss_weighting,
     )
-    rows, row_lengths, stats = _build_rows(args, info, tok, eot)
-    if info.is_main:
-        (run_dir / "data_stats.json").write_text(json.dumps({**stats.to_dict(), "rows": len(rows)}, indent=2) + "\n")
+    rows, row_lengths, stats = _build_rows(args, info, tok, eot, run_dir)
 
     lm, save_dtype = _build_model(args, info, ids, num_real, param_dtype, cfg)
     opt = build_optimizer(lm, lr=args.lr, weight_decay=args.weight_decay)
@@ -190,16 +236,9 @@ def run(args) -> dict:
         len(rows), seed=args.seed, world_size=info.world_size, rank=info.rank, micro_batch_size=args.micro_batch_size
     )
     start_step = 0
-    if args.resume:
-        ckpt = resolve_resume(args.resume)
-        state = load_train_state(ckpt, lm, opt, info)
-        saved = state.get("config", {})
-        diff = {
-            k: (saved[k], getattr(args, k)) for k in RESUME_MUST_MATCH if k in saved and saved[k] != getattr(args, k)
-        }
-        if diff:
-            raise SystemExit(f"train.py: error: --resume {ckpt}: flags differ from the run that wrote it: {diff}")
-        start_step, stream.position = state["step"], state["data_position"]
+    if ckpt is not None:
+        load_train_state(ckpt, lm, opt, info)
+        start_step, stream.position = resumed["step"], resumed["data_position"]
         fast_forward(sched, start_step)
 
     logger = RunLogger(
@@ -216,6 +255,10 @@ def run(args) -> dict:
             f"{len(rows)} rows from {stats.kept}/{stats.records} records "
             f"(skipped: {dict(stats.skipped) or 'none'}); world size {info.world_size}, device {info.device}"
         )
+        if schedule_changes:
+            logger.write(
+                f"warning: --resume {ckpt}: the lr schedule changes from step {start_step}: {schedule_changes}"
+            )
     sidecar_base = (
         None
         if args.ar_only
@@ -236,7 +279,7 @@ def run(args) -> dict:
         state = {
             "step": steps_done,
             "data_position": stream.position,
-            "config": {k: getattr(args, k) for k in RESUME_MUST_MATCH},
+            "config": {k: getattr(args, k) for k in RESUME_MUST_MATCH + SCHEDULE_FLAGS},
         }
         path = save_checkpoint(
             run_dir,
