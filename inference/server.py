@@ -15,6 +15,7 @@ import json
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from fastapi import FastAPI, Request
@@ -93,9 +94,15 @@ def create_app(
             raise APIError(400, str(e), param="mode") from e
         return replace(decode, mode=mode)
 
+    # Each in-flight request blocks a thread until it ends; asyncio's default pool holds cores + 4 threads
+    # (6 on a 2-core machine), which would cap the scheduler's batch below --max-batch. Queued requests
+    # hold threads too, so the pool has room beyond the batch.
+    workers = ThreadPoolExecutor(max_workers=max(64, 4 * max_batch), thread_name_prefix="bdstack-request")
+    app.state.workers = workers
+
     async def start(fn) -> asyncio.Future:
         """Run `fn` in a worker thread (the scheduler decides what runs together)."""
-        return asyncio.ensure_future(asyncio.to_thread(fn))
+        return asyncio.get_running_loop().run_in_executor(workers, fn)
 
     def prompt(kind: str, body: dict, tools: ToolRequest) -> tuple[list[int], str]:
         """Prompt ids and forced reply prefix (runs in the thread pool: templates and tokenizers are slow

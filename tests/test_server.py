@@ -225,3 +225,19 @@ def test_requests_with_tools_are_served(client):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
         r.choices[0].message.content or ""
     )
+
+
+def test_concurrent_requests_fill_the_batch_beyond_the_default_thread_pool(server, client):
+    """Every in-flight request waits in a thread: with asyncio's default pool (cores + 4 threads: 6 on a
+    2-core machine) 8 concurrent requests could never share one forward under --max-batch 8."""
+    scheduler = server[1].state.scheduler
+    assert scheduler.max_batch == 8
+    scheduler.batch_sizes.clear()
+
+    def ask(_):
+        r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=60, extra_body={"mode": "causal"})
+        return r.choices[0].finish_reason
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(ask, range(8))) == ["length"] * 8
+    assert max(scheduler.batch_sizes) == 8, scheduler.batch_sizes
