@@ -15,6 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
+LINEAR_LAYER_TYPES = frozenset({"linear_attention"})
+
+
+def is_hybrid(config) -> bool:
+    """A model with gated-delta (linear attention) layers, as its config's `layer_types` say."""
+    return bool(set(getattr(config, "layer_types", None) or []) & LINEAR_LAYER_TYPES)
+
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)

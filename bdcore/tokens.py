@@ -52,3 +52,17 @@ def filler_id(tokenizer, eot_id: int) -> int:
         "no filler token: the tokenizer has no end-of-text/pad/eos/bos token distinct from the end-of-turn "
         f"token (id {eot_id}); add one, e.g. tokenizer.add_special_tokens({{'pad_token': '<|endoftext|>'}})"
     )
+
+
+def stop_ids(tokenizer) -> frozenset[int]:
+    """The tokens that end an answer: end-of-turn, the tokenizer's eos, and the block filler (a filler
+    committed in a slot closes the block after the answer, so it ends the output there too)."""
+    eot = end_of_turn_id(tokenizer)
+    stops = {eot}
+    if tokenizer.eos_token_id is not None:
+        stops.add(int(tokenizer.eos_token_id))
+    try:
+        stops.add(filler_id(tokenizer, eot))
+    except ValueError:  # no filler token: nothing else to stop at
+        pass
+    return frozenset(stops)

@@ -8,7 +8,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from inference.sampling import SamplingParams
+from bdcore.decode.sampling import SamplingParams
 
 
 class APIError(Exception):

@@ -23,9 +23,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inference.checkpoint import CheckpointError, LoadedModel
-from inference.engine import Cancelled, DecodeConfig, Engine
 from inference.metrics import ServerMetrics
+from inference.native.engine import Cancelled, DecodeConfig, Engine
+from inference.native.loading import CheckpointError, LoadedModel
+from inference.native.scheduler import Scheduler
 from inference.protocol import (
     APIError,
     ToolRequest,
@@ -38,7 +39,6 @@ from inference.protocol import (
     usage,
 )
 from inference.request_checks import DEFAULT_MAX_REQUEST_BYTES, RequireKey, check_body, include_usage, read_json
-from inference.scheduler import Scheduler
 from inference.tool_calls import content_before_tool_call, forced_prefix, parse_tool_calls
 
 log = logging.getLogger("bdstack.server")

@@ -10,7 +10,7 @@ from openai import OpenAI
 
 from benchmark.agentic import probe
 from benchmark.agentic.probe_cases import ASK, SYSTEM, TOOLS
-from inference.engine import Generation
+from inference.native.engine import Generation
 from tests.conftest import native_server
 from tests.tiny import tiny_checkpoint
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-from inference.checkpoint import load_checkpoint
-from inference.engine import DecodeConfig, Engine
-from inference.sampling import SamplingParams
+from bdcore.decode.sampling import SamplingParams
+from inference.native.engine import DecodeConfig, Engine
+from inference.native.loading import load_checkpoint
 from tests.conftest import read_metrics, run_train
 from tests.test_gated_delta import CASES as GATED_DELTA_CASES
 from tests.test_gated_delta import _batch as gated_delta_batch
@@ -41,6 +41,7 @@ from tests.tiny import (
     tiny_hybrid_model,
     tiny_model,
 )
+from tests.train_args import train_args
 from train.config import BlockDiffusionConfig
 from train.gated_delta import two_stream_gated_delta
 from train.hybrid import build_layout
@@ -258,29 +259,7 @@ def test_trainer_bf16_on_one_gpu_trains_and_saves(kit, request, tmp_path):
     backend (flex attention; SDPA for the hybrid); the loss is finite and the checkpoint serves on the GPU."""
     demo_kit = request.getfixturevalue(kit)
     run = tmp_path / "run"
-    run_train(
-        [
-            "--model_id",
-            str(demo_kit / "base_model"),
-            "--dataset",
-            str(demo_kit / "train.jsonl"),
-            "--bd_size",
-            "4",
-            "--max_length",
-            "192",
-            "--pack",
-            "--dtype",
-            "bf16",
-            "--lr",
-            "1e-3",
-            "--max_steps",
-            "2",
-            "--log_every",
-            "1",
-            "--save_dir",
-            str(run),
-        ]
-    )
+    run_train(train_args(demo_kit, run, pack=True, dtype="bf16", lr="1e-3", max_steps=2, log_every=1))
     metrics = read_metrics(run)
     assert sorted(metrics) == [1, 2]
     for rec in metrics.values():

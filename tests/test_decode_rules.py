@@ -4,8 +4,8 @@ from collections import Counter
 
 import torch
 
-from inference.decode_rules import commit_slots, first_stop, greedy_accept, speculative_accept
-from inference.sampling import SamplingParams, probabilities
+from bdcore.decode.rules import commit_slots, first_stop, greedy_accept, speculative_accept
+from bdcore.decode.sampling import SamplingParams, probabilities
 
 
 def test_commit_slots_threshold_at_least_one_and_last_step():

@@ -6,9 +6,10 @@ import random
 import pytest
 import torch
 
+from bdcore.decode.gated_delta_layers import _absorb, _step
+from bdcore.decode.rows import Rows
 from bdcore.gated_delta import l2norm
-from inference.hybrid import _absorb, _step
-from inference.runner import ModelRunner, Rows
+from tests.one_sequence import OneSequence
 from tests.tiny import tiny_hybrid_model
 
 
@@ -54,8 +55,7 @@ def test_long_prefill_commits_the_state_at_keep_without_snapshots():
     assert len(set(ids)) > 20, "a varied prompt (one seeded generator, not one per token)"
 
     def run(rollback):
-        r = ModelRunner(model, banned=None)
-        r.reset()
+        r = OneSequence(model)
         a = r.forward(Rows().clean(ids[:170], 0), keep=130, rollback=rollback)
         b = r.forward(Rows().clean(ids[130:133], 130).canvas([7, 8, 9, 10], 133), keep=3)
         return r, a, b
@@ -64,6 +64,6 @@ def test_long_prefill_commits_the_state_at_keep_without_snapshots():
     stepped, a2, b2 = run(True)
     torch.testing.assert_close(a, a2, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(b, b2, atol=1e-4, rtol=1e-4)
-    assert not chunked.plan.steps, "a forward that is not rolled back keeps no per-row states"
+    assert not chunked.cache.plan.steps, "a forward that is not rolled back keeps no per-row states"
     with pytest.raises(ValueError, match="rollback=True"):
         chunked.crop_to(chunked.length - 1)

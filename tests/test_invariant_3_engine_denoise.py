@@ -6,7 +6,8 @@ import random
 import pytest
 import torch
 
-from inference.runner import ModelRunner, Rows
+from bdcore.decode.rows import Rows
+from tests.one_sequence import OneSequence
 from tests.tiny import FILLER_ID, MASK_ID, random_sample, tiny_hybrid_model, tiny_model
 from train.config import BlockDiffusionConfig
 from train.model import TwoStreamLM
@@ -46,7 +47,6 @@ def check_engine_canvas_logits(
     rng = random.Random(7)
     samples = [random_sample(rng, max_prompt=10, max_resp=14) for _ in range(3)]
     batch = build_batch([[s] for s in samples], cfg, IDS, noise_generator(3, 0, 0)).to(device)
-    runner = ModelRunner(engine_model, banned=None, clean_causal=clean_causal, within_block_causal=wbc)
     m = batch.meta
     checked = 0
     with torch.no_grad():
@@ -56,7 +56,7 @@ def check_engine_canvas_logits(
             for blk in m.blk[r, m.stream[r] == 1].unique().tolist():
                 idx = ((m.stream[r] == 1) & (m.blk[r] == blk)).nonzero().flatten()
                 start = int(m.bstart[r, idx[0]])
-                runner.reset()
+                runner = OneSequence(engine_model, clean_causal=clean_causal, within_block_causal=wbc)
                 # The committed context as the engine holds it: prompt causally, then each earlier block.
                 runner.forward(Rows().clean(list(s.input_ids[:resp_start]), 0), keep=resp_start)
                 for b0 in range(resp_start, start, cfg.bd_size):

@@ -8,11 +8,12 @@ from collections import Counter
 import pytest
 import torch
 
-from inference.checkpoint import load_checkpoint
-from inference.decode_rules import greedy_accept
-from inference.engine import DecodeConfig, Engine
-from inference.runner import ModelRunner, Rows
-from inference.sampling import SamplingParams
+from bdcore.decode.rows import Rows
+from bdcore.decode.rules import greedy_accept
+from bdcore.decode.sampling import SamplingParams
+from inference.native.engine import DecodeConfig, Engine
+from inference.native.loading import load_checkpoint
+from tests.one_sequence import OneSequence
 from tests.tiny import tiny_checkpoint
 
 
@@ -70,8 +71,7 @@ def check_state_after_k_accepted(loaded, *, atol=1e-5, rtol=1e-5):
         drafts = list(truth[1:N])
         if k < N - 1:
             drafts[k] = (drafts[k] + 1) % 90  # reject at index k
-        spec = ModelRunner(model, banned=loaded.mask_id)
-        spec.reset()
+        spec = OneSequence(model, banned=loaded.mask_id)
         spec.forward(Rows().clean(ids, 0), keep=len(ids))
         c = len(ids)
         rows = Rows().clean([truth[0], *drafts], c).canvas([loaded.mask_id] * (N - 1), c + N)
@@ -79,35 +79,31 @@ def check_state_after_k_accepted(loaded, *, atol=1e-5, rtol=1e-5):
         got_k = greedy_accept(torch.tensor(drafts), logits[:N].argmax(-1).cpu())
         assert got_k == k
         spec.crop_to(c + 1 + k)
-        ar = ModelRunner(model, banned=loaded.mask_id)
-        ar.reset()
+        ar = OneSequence(model, banned=loaded.mask_id)
         ar.forward(Rows().clean(ids + [truth[0]] + drafts[:k], 0), keep=c + 1 + k)
         assert spec.length == ar.length == c + 1 + k
-        for i in spec.attn_layers:
-            la, lb = spec.cache.layers[i], ar.cache.layers[i]
-            torch.testing.assert_close(la.keys, lb.keys, atol=atol, rtol=rtol)
-            torch.testing.assert_close(la.values, lb.values, atol=atol, rtol=rtol)
-        for i in spec.linear_layers:  # hybrid: recurrent and conv state after exactly k accepted drafts
-            torch.testing.assert_close(spec.states[i].rec, ar.states[i].rec, atol=atol, rtol=rtol)
-            torch.testing.assert_close(spec.states[i].conv, ar.states[i].conv, atol=atol, rtol=rtol)
+        for a, b in zip(spec.cache.keys + spec.cache.values, ar.cache.keys + ar.cache.values, strict=True):
+            torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
+        assert spec.cache.states.keys() == ar.cache.states.keys() == set(spec.runner.linear_layers)
+        for i in spec.runner.linear_layers:  # hybrid: recurrent and conv state after exactly k accepted drafts
+            torch.testing.assert_close(spec.cache.states[i].rec, ar.cache.states[i].rec, atol=atol, rtol=rtol)
+            torch.testing.assert_close(spec.cache.states[i].conv, ar.cache.states[i].conv, atol=atol, rtol=rtol)
 
 
 def test_sampled_self_spec_follows_the_ar_distribution(loaded):
     """The joint law of 4 sampled tokens (top-k 2: at most 16 sequences) matches the exact AR law,
     computed by enumerating every path; self-spec's warm steps accept drafts by rejection sampling."""
-    from inference.sampling import probabilities
+    from bdcore.decode.sampling import probabilities
 
     if loaded.model.config.model_type != "qwen3":
         pytest.skip("one architecture is enough for the statistical check")
     ids = _prompts(loaded.tokenizer, 1, seed=5)[0]
     params = dict(temperature=1.0, top_k=2, max_tokens=4)
     exact = {(): 1.0}
-    runner = ModelRunner(loaded.model, banned=loaded.mask_id)
     for _ in range(4):
         nxt = {}
         for path, pr in exact.items():
-            runner.reset()
-            logits = runner.forward(Rows().clean(ids + list(path), 0), keep=0)
+            logits = OneSequence(loaded.model, banned=loaded.mask_id).forward(Rows().clean(ids + list(path), 0), keep=0)
             dist = probabilities(logits[-1:], SamplingParams(**params), loaded.mask_id)[0]
             for t in dist.nonzero().flatten().tolist():
                 nxt[path + (t,)] = pr * float(dist[t])

@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 import torch
 
-from inference.checkpoint import load_checkpoint
-from inference.engine import DecodeConfig, Engine
-from inference.sampling import SamplingParams
+from bdcore.decode.sampling import SamplingParams
+from inference.native.engine import DecodeConfig, Engine
+from inference.native.loading import load_checkpoint
 from tests import reference_decoder as ref
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint

@@ -1,4 +1,4 @@
-"""Continuous batching (inference/scheduler.py, inference/batch_runner.py): requests decoded together
+"""Continuous batching (inference/native/scheduler.py, bdcore/decode/runner.py): requests decoded together
 give exactly what each gives alone, in every mode and any mix of modes, dense and hybrid; a cancelled
 or failing request leaves the others untouched."""
 
@@ -7,12 +7,14 @@ import threading
 import pytest
 import torch
 
-from inference.batch_runner import BatchRunner, RequestCache
-from inference.checkpoint import load_checkpoint
-from inference.engine import Cancelled, DecodeConfig, Engine
-from inference.runner import ModelRunner, Rows
-from inference.sampling import SamplingParams
-from inference.scheduler import Scheduler
+from bdcore.decode.modes import Forward
+from bdcore.decode.rows import Rows
+from bdcore.decode.runner import ModelRunner
+from bdcore.decode.sampling import SamplingParams
+from bdcore.decode.sequence import SequenceCache
+from inference.native.engine import Cancelled, DecodeConfig, Engine
+from inference.native.loading import load_checkpoint
+from inference.native.scheduler import Scheduler
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint
 
@@ -73,34 +75,33 @@ def test_batched_equals_one_by_one(loaded, mix):
         assert max(scheduler.batch_sizes) > 1, "requests really shared forwards"
 
 
-def test_batch_runner_logits_match_the_one_request_runner(loaded):
+def test_batched_logits_match_one_sequence_forwards(loaded):
+    """A forward over three sequences (padded caches and rows) == each sequence's forward alone (a batch of
+    one, whose cache goes in unpadded), also after a rollback crop."""
     model, mask = loaded.model, loaded.mask_id
     prompts = _prompts(loaded.tokenizer, 3, seed=9)
-    batch = BatchRunner(model, banned=mask, clean_causal=loaded.sidecar.clean_causal)
-    caches = [RequestCache() for _ in prompts]
-    singles = [ModelRunner(model, banned=mask, clean_causal=loaded.sidecar.clean_causal) for _ in prompts]
-    for r in singles:
-        r.reset()
+    runner = ModelRunner.for_checkpoint(model, loaded.sidecar, mask)
+    batched = [SequenceCache() for _ in prompts]
+    alone = [SequenceCache() for _ in prompts]
     steps = [
         [(Rows().clean(p, 0), len(p)) for p in prompts],
         [(Rows().clean([5, 6], len(p)).canvas([mask] * 3, len(p) + 2), 2) for p in prompts],
         [(Rows().canvas([7, mask, mask, mask], len(p) + 2), 0) for p in prompts],
     ]
     for step in steps:
-        got = batch.forward([(c, rows, keep, False) for c, (rows, keep) in zip(caches, step)])
-        for g, runner, (rows, keep) in zip(got, singles, step):
-            torch.testing.assert_close(g, runner.forward(rows, keep), atol=1e-4, rtol=1e-4)
-        assert [c.length for c in caches] == [r.length for r in singles]
+        got = runner.forward([(c, Forward(rows, keep)) for c, (rows, keep) in zip(batched, step)])
+        for g, cache, (rows, keep) in zip(got, alone, step):
+            torch.testing.assert_close(g, runner.forward([(cache, Forward(rows, keep))])[0], atol=1e-4, rtol=1e-4)
+        assert [c.length for c in batched] == [c.length for c in alone]
     # a rollback forward, cut back by one token in both
-    rows = Rows().clean([9, 10, 11], caches[0].length)
-    batch.forward([(caches[0], rows, 3, True)])
-    singles[0].forward(rows, 3, rollback=True)
-    caches[0].crop(caches[0].length - 1)
-    singles[0].crop_to(singles[0].length - 1)
-    rows = Rows().clean([9], caches[0].length)
-    torch.testing.assert_close(
-        batch.forward([(caches[0], rows, 1, False)])[0], singles[0].forward(rows, 1), atol=1e-4, rtol=1e-4
+    for cache in (batched[0], alone[0]):
+        runner.forward([(cache, Forward(Rows().clean([9, 10, 11], cache.length), 3, rollback=True))])
+        cache.crop(cache.length - 1)
+    rows = Rows().clean([9], batched[0].length)
+    got = runner.forward(
+        [(batched[0], Forward(rows, 1)), (batched[1], Forward(Rows().clean([4], batched[1].length), 1))]
     )
+    torch.testing.assert_close(got[0], runner.forward([(alone[0], Forward(rows, 1))])[0], atol=1e-4, rtol=1e-4)
 
 
 def test_cancelled_request_leaves_the_batch_intact(tmp_path):

@@ -106,10 +106,11 @@ def test_request_limits_reach_the_native_server(monkeypatch):
 
     import uvicorn
 
-    from inference import checkpoint, server
+    from inference import server
+    from inference.native import loading
 
     made = []
-    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: types.SimpleNamespace(name="m"))
+    monkeypatch.setattr(loading, "load_checkpoint", lambda *a, **k: types.SimpleNamespace(name="m"))
     monkeypatch.setattr(server, "create_app", lambda *a, **k: made.append(k) or "app")
     monkeypatch.setattr(uvicorn, "run", lambda app, **k: None)
     assert serve.main(["m", "--mode", "causal", "--backend", "native"]) == 0

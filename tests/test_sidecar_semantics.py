@@ -6,7 +6,7 @@ import json
 import pytest
 
 from bdcore.sidecar import SIDECAR_NAME, SidecarError, read_sidecar
-from inference.checkpoint import CheckpointError, load_checkpoint
+from inference.native.loading import CheckpointError, load_checkpoint
 from tests.tiny import tiny_checkpoint
 
 

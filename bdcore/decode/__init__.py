@@ -1,0 +1,11 @@
+"""The decode core shared by the native engine, the SGLang algorithms and the trainer's rollouts.
+
+- `config.py`: the decode modes and settings (`DecodeConfig`), defaults filled from the checkpoint;
+- `sampling.py`: logits -> distribution -> token (temperature, top-k, top-p, the `<|mask|>` ban);
+- `rules.py`: the commit rule, the denoise step, acceptance (greedy and rejection sampling), stops;
+- `rows.py`: the rows of one decode forward and their mask (from `bdcore.attention_rule`);
+- `sequence.py`: one request's state (`Sequence`): sampling, token sink, cache, stats;
+- `modes.py`: the causal, diffusion and self-spec decoders (state machines over forwards);
+- `runner.py`: the model forward over the next rows of one or more sequences;
+- `gated_delta_layers.py`: gated-delta layers in decode forwards (the runner keeps their state).
+"""

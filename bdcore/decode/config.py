@@ -1,0 +1,56 @@
+"""The decode settings: one definition for the native engine, the SGLang backend and the trainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODES = ("causal", "diffusion", "self-spec")
+
+
+class DecodeSettingsError(ValueError):
+    """Decode settings a checkpoint cannot run; the message names the setting and the limit."""
+
+
+@dataclass(frozen=True)
+class ResolvedDecode:
+    """Settings with every default filled in from the checkpoint's block size."""
+
+    mode: str
+    block: int  # diffusion canvas
+    budget: int  # diffusion: denoise forwards per block at most
+    threshold: float
+    draft_len: int  # self-spec N
+    fuse_commit: bool
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    mode: str = "causal"
+    block_size: int | None = None  # diffusion canvas (default: the checkpoint's bd_size)
+    threshold: float = 0.9  # diffusion: commit masked slots whose confidence exceeds this
+    steps: int | None = None  # diffusion: denoise steps per block (default: block_size - 1)
+    draft_len: int | None = None  # self-spec N (default and maximum: bd_size)
+    fuse_commit: bool = True  # diffusion: fuse each commit (the prefill too) with the next block's first denoise
+
+    def resolve(self, bd_size: int | None) -> ResolvedDecode:
+        """Fill the defaults from the trained block size (None: a plain AR checkpoint) and check limits.
+
+        Self-spec may not draft more tokens than a trained block holds: a longer canvas is a block the
+        model never saw in training.
+        """
+        if self.mode not in MODES:
+            raise DecodeSettingsError(f"unknown mode {self.mode!r}; choose one of {MODES}")
+        bd = bd_size or 1
+        block = self.block_size or bd
+        draft = self.draft_len or bd
+        if self.steps is not None and self.steps < 1:
+            raise DecodeSettingsError(f"steps must be >= 1 (default: block_size - 1), got {self.steps}")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise DecodeSettingsError(f"threshold must lie in [0, 1], got {self.threshold}")
+        if self.mode != "causal":
+            if draft > bd:
+                raise DecodeSettingsError(f"draft_len {draft} exceeds the trained block size {bd}")
+            if block < 2 or draft < 2:
+                raise DecodeSettingsError("block_size and draft_len must be >= 2")
+        budget = self.steps or max(1, block - 1)
+        return ResolvedDecode(self.mode, block, budget, self.threshold, draft, self.fuse_commit)

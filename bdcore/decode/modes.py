@@ -1,0 +1,195 @@
+"""The three decode modes of docs/design.md section 6 as small state machines.
+
+A decoder names the forward its sequence needs next (`next_forward`: rows, how many of them stay
+cached, whether a later crop may cut back into them) and takes the logits back (`take`): it counts
+the forward, applies the decode rules, pushes emitted tokens to the sequence's sink and crops the
+sequence's cache after a self-spec rejection. Its state (canvas, counters, drafts) lives in plain
+fields, so a batched scheduler, a one-request loop and a trainer's rollout drive the same objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bdcore.decode.config import ResolvedDecode
+from bdcore.decode.rows import Rows
+from bdcore.decode.rules import block_decided, denoise_step, first_stop, greedy_accept, speculative_accept
+from bdcore.decode.sequence import Sequence
+
+
+@dataclass
+class Forward:
+    rows: Rows
+    keep: int  # the first `keep` rows stay in the cache
+    rollback: bool = False  # a later crop may cut back into this forward's clean rows
+
+
+class Decoder:
+    def __init__(self, seq: Sequence):
+        self.seq = seq
+        self.finished = False
+
+    def next_forward(self) -> Forward:
+        raise NotImplementedError
+
+    def receive(self, logits: torch.Tensor) -> int | None:
+        """Consume this forward's logits [len(rows), V]; return a cache length to crop to, or None."""
+        raise NotImplementedError
+
+    def take(self, logits: torch.Tensor) -> None:
+        self.seq.stats.forwards += 1
+        crop = self.receive(logits)
+        if crop is not None:
+            self.seq.cache.crop(crop)
+
+
+class CausalDecoder(Decoder):
+    def __init__(self, seq: Sequence):
+        super().__init__(seq)
+        self.pos = len(seq.prompt_ids)  # position of the next token
+        self.rows, self.keep = Rows().clean(seq.prompt_ids, 0), len(seq.prompt_ids)
+
+    def next_forward(self) -> Forward:
+        return Forward(self.rows, self.keep)
+
+    def receive(self, logits):
+        tok = self.seq.token(logits[-1:])
+        self.finished = self.seq.out.push([tok])
+        self.rows, self.keep = Rows().clean([tok], self.pos), 1
+        self.pos += 1
+        return None
+
+
+class DiffusionDecoder(Decoder):
+    """Per block: a forward that commits (the prompt's prefill, then each decided block) and yields the
+    next block's seed from its last clean row, fused with that block's first denoise step (a canvas of
+    masks whose seed slot is still masked) unless `fuse_commit` is off; then denoise forwards until the
+    block is decided. Row j of a canvas predicts slot j + 1."""
+
+    def __init__(self, seq: Sequence, *, block: int, budget: int, threshold: float, fuse_commit: bool):
+        super().__init__(seq)
+        self.block, self.budget, self.threshold, self.fuse_commit = block, budget, threshold, fuse_commit
+        self.phase = "prefill"  # prefill | denoise | commit
+        self.start = len(seq.prompt_ids)  # position of the current block's first slot
+        self.canvas: list[int] = []
+        self.masked: list[bool] = []
+        self.steps = 0  # denoise steps spent on the current block
+
+    def next_forward(self) -> Forward:
+        B, p = self.block, self.start
+        if self.phase == "denoise":
+            return Forward(Rows().canvas(self.canvas, p), 0)
+        if self.phase == "prefill":
+            rows, keep, next_start = Rows().clean(self.seq.prompt_ids, 0), p, p
+        else:
+            rows, keep, next_start = Rows().commit(self.canvas, p, block_causal=self.seq.block_causal), B, p + B
+        if self.fuse_commit:
+            rows.canvas([self.seq.mask_id] * B, next_start)
+        return Forward(rows, keep)
+
+    def receive(self, logits):
+        B = self.block
+        if self.phase == "denoise":
+            self.steps += 1
+            self._denoise(logits[:-1], last_step=self.steps >= self.budget)
+        else:
+            n = self.start if self.phase == "prefill" else B  # clean rows of this forward
+            if self.phase == "commit":
+                self.start += B
+            self.canvas = [self.seq.token(logits[n - 1 : n])] + [self.seq.mask_id] * (B - 1)
+            self.masked = [False] + [True] * (B - 1)
+            self.steps = 0
+            if self.fuse_commit:
+                self.steps = 1
+                self._denoise(logits[n : n + B - 1], last_step=self.budget <= 1)
+        if block_decided(self.canvas, self.masked, self.seq.stop_ids):
+            stop = first_stop(self.canvas, self.seq.stop_ids)
+            self.finished = self.seq.out.push(self.canvas[: stop + 1] if stop is not None else self.canvas)
+            self.phase = "commit"
+        else:
+            self.phase = "denoise"
+        return None
+
+    def _denoise(self, rows_logits, *, last_step: bool) -> None:
+        seq = self.seq
+        denoise_step(
+            rows_logits,
+            self.canvas,
+            self.masked,
+            seq.params,
+            seq.generator,
+            banned=seq.mask_id,
+            threshold=self.threshold,
+            last_step=last_step,
+        )
+
+
+class SelfSpecDecoder(Decoder):
+    """One forward per step over [pending, drafts, MASK x (N-1)]: the clean rows verify the drafts
+    (their logits are the AR logits), the masks draft the tokens after the last accepted one. After a
+    rejection the drafts are stale, so the next step is a cold step: [pending, MASK x (N-1)], one AR
+    token and fresh drafts after it. The prefill doubles as a cold step."""
+
+    def __init__(self, seq: Sequence, *, draft_len: int):
+        super().__init__(seq)
+        self.N = draft_len
+        self.c = len(seq.prompt_ids)  # cached tokens; the pending token sits at position c
+        self.prefill = True
+        self.pending: int | None = None  # emitted, not cached yet
+        self.drafts: list[int] | None = None  # proposals for the positions after `pending`
+        self.q: torch.Tensor | None = None  # their sampling distributions
+
+    def next_forward(self) -> Forward:
+        N, c, mask = self.N, self.c, self.seq.mask_id
+        if self.prefill:  # rows c..c+N-2 of the canvas draft positions c+1..c+N-1
+            return Forward(Rows().clean(self.seq.prompt_ids, 0).canvas([mask] * N, c), c)
+        if self.drafts is None:
+            return Forward(Rows().clean([self.pending], c).canvas([mask] * (N - 1), c + 1), 1)
+        return Forward(Rows().clean([self.pending, *self.drafts], c).canvas([mask] * (N - 1), c + N), N, True)
+
+    def receive(self, logits):
+        N, c, seq = self.N, self.c, self.seq
+        crop = None
+        if self.prefill:
+            self.prefill = False
+            emitted = [seq.token(logits[c - 1 : c])]
+            self._draft(logits[c : c + N - 1])
+        elif self.drafts is None:  # cold step
+            emitted = [seq.token(logits[:1])]
+            self._draft(logits[1:])
+            seq.stats.accepted[0] += 1
+            self.c += 1
+        else:  # verify N - 1 drafts
+            ar_tokens, p = seq.pick(logits[:N])
+            drafts = torch.tensor(self.drafts)
+            if seq.params.greedy:
+                k = greedy_accept(drafts, ar_tokens.cpu())
+                last = int(ar_tokens[k])
+            else:
+                k, last = speculative_accept(drafts, self.q.cpu(), p.cpu(), seq.generator)
+            seq.stats.accepted[k] += 1
+            emitted = self.drafts[:k] + [last]
+            crop = self.c = c + 1 + k  # pending + accepted drafts stay cached
+            if k == N - 1:  # all accepted: the canvas sits at the bonus token's place and drafts on
+                self._draft(logits[N:])
+            else:
+                self.drafts = None
+        self.finished = seq.out.push(emitted)
+        self.pending = emitted[-1]
+        return crop
+
+    def _draft(self, rows_logits) -> None:
+        tokens, self.q = self.seq.pick(rows_logits)
+        self.drafts = tokens.tolist()
+
+
+def make_decoder(decode: ResolvedDecode, seq: Sequence) -> Decoder:
+    if decode.mode == "causal":
+        return CausalDecoder(seq)
+    if decode.mode == "diffusion":
+        return DiffusionDecoder(
+            seq, block=decode.block, budget=decode.budget, threshold=decode.threshold, fuse_commit=decode.fuse_commit
+        )
+    return SelfSpecDecoder(seq, draft_len=decode.draft_len)

@@ -1,0 +1,122 @@
+"""The decode runner: one model forward over the next rows of one or more sequences.
+
+Each sequence keeps its own cache (`SequenceCache`: keys/values per attention layer, gated-delta
+states). A forward right-pads the caches to the longest one and the new rows to the longest row list,
+builds each sequence's mask with `decode_mask` (padding is never visible; a padding row sees only
+itself, so no row is empty), runs the model once and keeps each sequence's first `keep` new rows. A
+batch of one is a batch: its cache goes in without padding or copies. Hybrid models: the gated-delta
+layers get one `DecodePlan` per batch row and run sequence by sequence, exactly as alone; a crop
+restores the state the sequence's last (rollback) forward snapshotted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bdcore.decode.gated_delta_layers import DecodePlan, patch_for_decode
+from bdcore.decode.modes import Forward
+from bdcore.decode.rows import decode_mask
+from bdcore.decode.sequence import SequenceCache
+from bdcore.gated_delta import is_hybrid
+from bdcore.sidecar import Sidecar
+
+
+class ModelRunner:
+    def __init__(self, model, *, banned: int | None, clean_causal: bool = True, within_block_causal: bool = False):
+        self.model = model
+        self.hybrid = is_hybrid(model.config)
+        self.linear_layers = patch_for_decode(model) if self.hybrid else []
+        self.attn_layers = [i for i in range(len(model.get_decoder().layers)) if i not in self.linear_layers]
+        self.banned = banned
+        self.clean_causal = clean_causal
+        self.within_block_causal = within_block_causal
+        self.device = next(model.parameters()).device
+
+    @classmethod
+    def for_checkpoint(cls, model, sidecar: Sidecar | None, mask_id: int | None) -> ModelRunner:
+        """The runner a checkpoint's sidecar asks for (a plain AR checkpoint: causal rows only)."""
+        return cls(
+            model,
+            banned=mask_id,
+            clean_causal=sidecar.clean_causal if sidecar else True,
+            within_block_causal=sidecar.within_block_causal if sidecar else False,
+        )
+
+    @torch.no_grad()
+    def forward(self, batch: list[tuple[SequenceCache, Forward]]) -> list[torch.Tensor]:
+        """Logits [len(rows), V] per (cache, forward), `<|mask|>` banned; each cache keeps its first `keep`
+        new rows."""
+        from transformers import DynamicCache
+
+        n, dev = len(batch), self.device
+        lengths = [cache.length for cache, _ in batch]
+        sizes = [len(op.rows.tokens) for _, op in batch]
+        L, Q = max(lengths), max(sizes)
+        ids = torch.zeros(n, Q, dtype=torch.long, device=dev)
+        pos = torch.zeros(n, Q, dtype=torch.long, device=dev)
+        mask = torch.zeros(n, 1, Q, L + Q, dtype=torch.bool, device=dev)
+        mask[:, 0, torch.arange(Q), L + torch.arange(Q)] = True  # padding rows see themselves
+        for b, ((_, op), c, q) in enumerate(zip(batch, lengths, sizes)):
+            ids[b, :q] = torch.tensor(op.rows.tokens, device=dev)
+            pos[b, :q] = torch.tensor(op.rows.pos, device=dev)
+            m = decode_mask(c, op.rows, self.clean_causal, self.within_block_causal, dev)[0, 0]
+            mask[b, 0, :q] = False
+            mask[b, 0, :q, :c] = m[:, :c]
+            mask[b, 0, :q, L : L + q] = m[:, c:]
+        kv = DynamicCache(config=self.model.config)
+        if L:
+            for j, layer in enumerate(self.attn_layers):
+                self._fill(kv.layers[layer], [cache for cache, _ in batch], j, L)
+        masks = mask
+        if self.hybrid:
+            plans = []
+            for (cache, op), c in zip(batch, lengths):
+                rows = op.rows
+                plan = DecodePlan(
+                    rows.n_clean,
+                    op.keep,
+                    not self.within_block_causal,
+                    cache.states,
+                    op.rollback,
+                    rows=len(rows.tokens),
+                    clean_block_end=rows.block_causal_commit,
+                )
+                cache.plan, cache.plan_base = plan, c
+                plans.append(plan)
+            masks = {"full_attention": mask, "linear_attention": plans}
+        out = self.model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=kv, use_cache=True)
+        logits = out.logits.float()
+        if self.banned is not None:
+            logits[..., self.banned] = float("-inf")
+        for b, (cache, op) in enumerate(batch):
+            keep_to = L + op.keep
+            if n == 1:  # the layer's tensor is [cache, new rows]: keep a view, no copy
+                cache.keys = [kv.layers[i].keys[0, :, :keep_to] for i in self.attn_layers]
+                cache.values = [kv.layers[i].values[0, :, :keep_to] for i in self.attn_layers]
+                continue
+            new_k = [kv.layers[i].keys[b, :, L:keep_to] for i in self.attn_layers]
+            new_v = [kv.layers[i].values[b, :, L:keep_to] for i in self.attn_layers]
+            if cache.keys:
+                cache.keys = [torch.cat([k, nk], 1) for k, nk in zip(cache.keys, new_k)]
+                cache.values = [torch.cat([v, nv], 1) for v, nv in zip(cache.values, new_v)]
+            else:
+                cache.keys, cache.values = [k.clone() for k in new_k], [v.clone() for v in new_v]
+        return [logits[b, : sizes[b]] for b in range(n)]
+
+    @staticmethod
+    def _fill(layer, caches: list[SequenceCache], j: int, L: int) -> None:
+        """Seed one attention layer of the forward's cache with every sequence's keys/values, right-padded
+        to L. The model's own update then appends the new rows."""
+        if len(caches) == 1:
+            keys, values = caches[0].keys[j][None], caches[0].values[j][None]
+        else:
+            like = next(c.keys[j] for c in caches if c.keys)
+
+            def padded(c: SequenceCache, which: str) -> torch.Tensor:
+                t = getattr(c, which)[j] if getattr(c, which) else torch.zeros_like(like[:, :0])
+                return torch.nn.functional.pad(t, (0, 0, 0, L - t.shape[1]))
+
+            keys = torch.stack([padded(c, "keys") for c in caches])
+            values = torch.stack([padded(c, "values") for c in caches])
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values

@@ -1,0 +1,70 @@
+"""Sampling parameters and the logits -> probabilities -> token path shared by every decode mode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must lie in (0, 1]")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams, banned: int | None) -> torch.Tensor:
+    """Next-token distribution per row after banning `<|mask|>`, temperature, top-k and top-p.
+
+    Greedy decoding gets the one-hot of the argmax, so acceptance rules treat both cases alike.
+    """
+    logits = logits.float().clone()
+    if banned is not None:
+        logits[..., banned] = float("-inf")
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if params.top_k:
+        kth = logits.topk(min(params.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(-1)
+    if params.top_p < 1:
+        sorted_p, order = probs.sort(-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p >= params.top_p  # keep the smallest prefix reaching top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from `probs` [..., V]."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    tokens = torch.multinomial(flat.cpu(), 1, generator=generator).squeeze(-1)
+    return tokens.reshape(probs.shape[:-1]).to(probs.device)
+
+
+def pick(
+    logits: torch.Tensor, params: SamplingParams, banned: int | None, generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and their distributions for rows of logits (argmax when greedy, else one draw per row)."""
+    probs = probabilities(logits, params, banned)
+    return (probs.argmax(-1) if params.greedy else draw(probs, generator)), probs

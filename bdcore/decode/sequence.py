@@ -1,0 +1,97 @@
+"""One request being decoded: what it asked for, where its tokens go, and its cache.
+
+A `Sequence` is the whole state of a request between forwards (as nano-vllm's): the decoder of its
+mode keeps its canvas and counters in plain fields, the runner keeps its keys/values (and gated-delta
+states) in `cache`, and emitted tokens go to `out`, which decides when the answer is finished.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from bdcore.decode.gated_delta_layers import DecodePlan, LayerState, roll_back
+from bdcore.decode.sampling import SamplingParams, pick
+
+
+@dataclass
+class DecodeStats:
+    """Tokens per forward counts every forward that produced the output, the prefill included, and every
+    token the model produced for the answer, its stop token included."""
+
+    generated: int = 0
+    forwards: int = 0
+    accepted: Counter = field(default_factory=Counter)  # self-spec: drafts accepted per step (cold: 0)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.generated / self.forwards if self.forwards else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "generated_tokens": self.generated,
+            "forwards": self.forwards,
+            "tokens_per_forward": self.tokens_per_forward,
+            "accepted_histogram": {str(k): v for k, v in sorted(self.accepted.items())},
+        }
+
+
+class TokenSink(Protocol):
+    """Where a sequence's emitted tokens go (the engine's text output, a trainer's rollout record)."""
+
+    stats: DecodeStats
+
+    def push(self, tokens: list[int]) -> bool:
+        """Take tokens the model produced; True once the answer is finished (stop token, length, ...)."""
+        ...
+
+
+@dataclass
+class SequenceCache:
+    """A sequence's committed keys/values per attention layer and its gated-delta layers' states."""
+
+    keys: list[torch.Tensor] = field(default_factory=list)  # per attention layer [kv_heads, L, d]
+    values: list[torch.Tensor] = field(default_factory=list)
+    states: dict[int, LayerState] = field(default_factory=dict)  # gated-delta layer -> committed state
+    plan: DecodePlan | None = None  # the last forward's plan (hybrids), for a rollback
+    plan_base: int = 0  # cached length when that forward started
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[1] if self.keys else 0
+
+    def crop(self, length: int) -> None:
+        """Drop cached tokens past `length` (self-spec rollback of rejected drafts). Gated-delta layers
+        restore the state snapshotted after exactly that many tokens in the last forward."""
+        if length >= self.length:
+            return
+        if self.plan is not None:
+            roll_back(self.plan, self.plan_base, length, self.states)
+        self.keys = [k[:, :length] for k in self.keys]
+        self.values = [v[:, :length] for v in self.values]
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    out: TokenSink
+    mask_id: int | None  # banned from every pick
+    stop_ids: frozenset[int]
+    block_causal: bool = False  # the checkpoint's clean stream is block-causal (clean_causal off)
+    cache: SequenceCache = field(default_factory=SequenceCache)
+
+    @property
+    def stats(self) -> DecodeStats:
+        return self.out.stats
+
+    def pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens and their sampling distributions for rows of logits."""
+        return pick(logits, self.params, self.mask_id, self.generator)
+
+    def token(self, logits: torch.Tensor) -> int:
+        return int(self.pick(logits)[0][0])

@@ -1,0 +1,124 @@
+"""The native decode engine: causal, diffusion and self-spec over one checkpoint (docs/design.md section 6).
+
+`Engine.start` turns a request into a decoder (`bdcore.decode.modes`) whose sequence writes text to a
+`TextOutput`; `Engine.generate` drives one decoder alone on the engine's runner, and `scheduler.py`
+drives many in shared forwards on the same runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from bdcore.decode.config import DecodeConfig
+from bdcore.decode.modes import Decoder, make_decoder
+from bdcore.decode.rules import first_stop
+from bdcore.decode.runner import ModelRunner
+from bdcore.decode.sampling import SamplingParams
+from bdcore.decode.sequence import DecodeStats, Sequence
+from inference.native.loading import LoadedModel
+
+__all__ = ["Cancelled", "DecodeConfig", "Engine", "Generation", "TextOutput"]
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+class Cancelled(Exception):
+    """The client went away; generation stops at the next emitted token."""
+
+
+class TextOutput:
+    """A sequence's token sink for text: applies end-of-turn/filler, max_tokens and stop strings, and
+    streams the text as it is committed."""
+
+    def __init__(
+        self, tokenizer, params: SamplingParams, stop_ids: frozenset[int], stats: DecodeStats, on_text=None, cancel=None
+    ):
+        self.tok, self.params, self.stop_ids, self.stats = tokenizer, params, stop_ids, stats
+        self.on_text, self.cancel = on_text, cancel
+        self.tokens: list[int] = []
+        self.finish: str | None = None
+        self.text = ""
+        self.sent = 0  # characters already streamed
+
+    def push(self, new: list[int]) -> bool:
+        """Add tokens the model produced; True once the output is finished."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled
+        stop = first_stop(new, self.stop_ids)
+        room = self.params.max_tokens - len(self.tokens)
+        if stop is not None and stop < room:
+            self.stats.generated += stop + 1
+            self.tokens += new[:stop]
+            self.finish = "stop"
+        elif len(new) >= room:
+            self.stats.generated += room
+            self.tokens += new[:room]
+            self.finish = "length"
+        else:
+            self.stats.generated += len(new)
+            self.tokens += new
+        self.text = self.tok.decode(self.tokens, skip_special_tokens=True)
+        cut = min((i for i in (self.text.find(s) for s in self.params.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.text, self.finish = self.text[:cut], "stop"
+        if self.on_text is not None:
+            safe = len(self.text) if self.finish else len(self.text) - self._held_back()
+            if safe > self.sent:
+                self.on_text(self.text[self.sent : safe])
+                self.sent = safe
+        return self.finish is not None
+
+    def generation(self) -> Generation:
+        return Generation(self.tokens, self.text, self.finish or "length", self.stats)
+
+    def _held_back(self) -> int:
+        """Length of the text's tail that could still grow into a stop string (not streamed yet)."""
+        hold = 0
+        for s in self.params.stop:
+            for n in range(min(len(s) - 1, len(self.text)), hold, -1):
+                if self.text.endswith(s[:n]):
+                    hold = n
+                    break
+        return hold
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, decode: DecodeConfig | None = None):
+        self.loaded = loaded
+        self.decode = decode or DecodeConfig()
+        loaded.check_mode(self.decode.mode)
+        self.runner = ModelRunner.for_checkpoint(loaded.model, loaded.sidecar, loaded.mask_id)
+
+    def start(
+        self, prompt_ids, params: SamplingParams, decode: DecodeConfig | None = None, *, on_text=None, cancel=None
+    ) -> tuple[Decoder, TextOutput]:
+        """One request's decoder and its text output (bad settings raise here, before any forward).
+        `on_text(delta)` streams text as it is committed; setting `cancel` (a threading.Event) stops the
+        request with `Cancelled` at its next emitted tokens."""
+        decode = decode or self.decode
+        self.loaded.check_mode(decode.mode)
+        sc = self.loaded.sidecar
+        resolved = decode.resolve(sc.bd_size if sc else None)
+        gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
+        out = TextOutput(self.loaded.tokenizer, params, self.loaded.stop_ids, DecodeStats(), on_text, cancel)
+        block_causal = sc is not None and not sc.clean_causal
+        seq = Sequence(list(prompt_ids), params, gen, out, self.loaded.mask_id, self.loaded.stop_ids, block_causal)
+        return make_decoder(resolved, seq), out
+
+    def generate(
+        self, prompt_ids, params: SamplingParams, decode: DecodeConfig | None = None, *, on_text=None, cancel=None
+    ) -> Generation:
+        """Decode one request on its own (a batch of one)."""
+        decoder, out = self.start(prompt_ids, params, decode, on_text=on_text, cancel=cancel)
+        while not decoder.finished:
+            (logits,) = self.runner.forward([(decoder.seq.cache, decoder.next_forward())])
+            decoder.take(logits)
+        return out.generation()

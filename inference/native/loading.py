@@ -1,0 +1,79 @@
+"""Load a bdstack checkpoint (docs/design.md section 5) for serving, validating its sidecar against its tokenizer."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bdcore.decode.config import MODES
+from bdcore.sidecar import SIDECAR_NAME, Sidecar, read_sidecar
+from bdcore.tokens import MASK_TOKEN, stop_ids, token_id
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot serve the requested mode; the message says why and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    sidecar: Sidecar | None  # None: a plain AR checkpoint (causal mode only)
+    mask_id: int | None
+    stop_ids: frozenset[int]  # end-of-turn, eos, and the block filler
+    name: str
+
+    def check_mode(self, mode: str) -> None:
+        if mode not in MODES:
+            raise CheckpointError(f"unknown mode {mode!r}; choose one of {MODES}")
+        if mode == "causal":
+            return
+        if self.sidecar is None:
+            raise CheckpointError(
+                f"mode {mode!r} needs a block-diffusion checkpoint ({SIDECAR_NAME} with <|mask|>); this one is a "
+                "plain AR model: serve it with --mode causal, or convert it with train.py"
+            )
+        if mode == "self-spec" and not self.sidecar.clean_causal:
+            raise CheckpointError(
+                "self-spec needs a causal AR head (clean_causal: true in block_diffusion.json); this checkpoint was "
+                "trained with a block-causal clean stream: serve it with --mode diffusion"
+            )
+
+
+def check_decodable(sidecar: Sidecar, path) -> None:
+    """Refuse a checkpoint whose training semantics this engine does not decode."""
+    if not sidecar.shift:
+        raise CheckpointError(
+            f"{path / SIDECAR_NAME} says shift: false (an unshifted checkpoint: a masked slot predicts its own "
+            "token); the native engine decodes shifted checkpoints only (row i predicts token i + 1), so it would "
+            "decode this one wrongly; retrain with train.py (two-stream, shift: true)"
+        )
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(
+            f"{path} is not a model directory (no config.json); pass a checkpoint such as runs/x/final"
+        )
+    tok = AutoTokenizer.from_pretrained(path)
+    sidecar = read_sidecar(path) if (path / SIDECAR_NAME).is_file() else None
+    if sidecar is not None:
+        sidecar.check_tokenizer(tok)
+        check_decodable(sidecar, path)
+    dev = torch.device(device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, dev), attn_implementation="sdpa")
+    model = model.to(dev).eval()
+    name = path.name if path.name != "final" else path.parent.name
+    return LoadedModel(model, tok, sidecar, token_id(tok, MASK_TOKEN), stop_ids(tok), name)

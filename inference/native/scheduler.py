@@ -1,0 +1,84 @@
+"""Continuous batching for the native engine: concurrent requests share forwards.
+
+`Scheduler.generate` is what the server calls from its worker threads; it blocks until that request
+is done. One scheduler thread keeps up to `max_batch` requests in flight, each a decoder from
+`bdcore.decode.modes` (any mix of modes), and runs their next forwards as one forward on the engine's
+runner; a request joins at the next step and leaves when it finishes, fails or is cancelled. With
+`max_batch` 1 requests run one at a time, each until it has fully stopped.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+from bdcore.decode.modes import Decoder
+from inference.native.engine import Engine, Generation, TextOutput
+
+
+@dataclass
+class _Job:
+    decoder: Decoder
+    out: TextOutput
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, max_batch: int = 8):
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        self.engine, self.max_batch = engine, max_batch
+        self.runner = engine.runner
+        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.batch_sizes: Counter = Counter()  # forwards by number of requests in them
+
+    def generate(self, prompt_ids, params, decode=None, *, on_text=None, cancel=None) -> Generation:
+        decoder, out = self.engine.start(prompt_ids, params, decode, on_text=on_text, cancel=cancel)
+        job = _Job(decoder, out)
+        self._ensure_thread()
+        self._jobs.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return out.generation()
+
+    def _ensure_thread(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="bdstack-scheduler", daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        active: list[_Job] = []
+        while True:
+            if not active:
+                active.append(self._jobs.get())
+            while len(active) < self.max_batch:
+                try:
+                    active.append(self._jobs.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                batch = [(job.decoder.seq.cache, job.decoder.next_forward()) for job in active]
+                logits = self.runner.forward(batch)
+            except Exception as e:  # the forward itself failed: every request in it fails
+                for job in active:
+                    job.error = e
+                    job.done.set()
+                active = []
+                continue
+            self.batch_sizes[len(active)] += 1
+            for job, lg in zip(active, logits):
+                try:
+                    job.decoder.take(lg)
+                    if job.decoder.finished:
+                        job.done.set()
+                except BaseException as e:  # Cancelled, or a bug: reported to the request's own caller
+                    job.error = e
+                    job.done.set()
+            active = [j for j in active if not j.done.is_set()]
