@@ -58,7 +58,7 @@ def saved_mib(fn) -> float:
 def measure(L: int, bd: int, args, device) -> dict:
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
-    from tests.test_gated_delta import reference_gated_delta
+    from bdcore.gated_delta_reference import reference_gated_delta
     from train.config import BlockDiffusionConfig
     from train.gated_delta import two_stream_gated_delta
     from train.hybrid import build_layout

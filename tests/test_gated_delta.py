@@ -5,6 +5,7 @@ import random
 import pytest
 import torch
 
+from bdcore.gated_delta_reference import reference_conv, reference_gated_delta
 from tests.tiny import FILLER_ID, MASK_ID, random_sample
 from train.config import BlockDiffusionConfig
 from train.gated_delta import two_stream_conv, two_stream_gated_delta
@@ -13,72 +14,6 @@ from train.noise import noise_generator
 from train.rows import SpecialIds, build_batch
 
 IDS = SpecialIds(mask_id=MASK_ID, filler_id=FILLER_ID)
-
-
-def _step(S, q, k, v, g, beta):
-    S = S * g.exp()[:, None, None]
-    delta = beta[:, None] * (v - torch.einsum("hkv,hk->hv", S, k))
-    S = S + k[:, :, None] * delta[:, None, :]
-    return S, torch.einsum("hkv,hk->hv", S, q)
-
-
-def reference_gated_delta(meta, q, k, v, g, beta, *, clean_causal, within_block_causal):
-    """DESIGN's hybrid semantics token by token, walking the row metadata (no layout indices)."""
-    stream, doc, pos, blk = (x.reshape(-1).tolist() for x in (meta.stream, meta.doc, meta.pos, meta.blk))
-    T = meta.stream.shape[1]
-    N, H, dk = q.shape
-    out = [torch.zeros(H, v.shape[-1]) for _ in range(N)]
-    groups = {}
-    for t in range(N):
-        if stream[t] >= 0:
-            groups.setdefault((t // T, doc[t], stream[t], blk[t] if stream[t] > 0 else None), []).append(t)
-    before, clean_end = {}, {}
-    for (row, d, s, _), toks in groups.items():
-        if s != 0:
-            continue
-        S = torch.zeros(H, dk, v.shape[-1])
-        for t in sorted(toks, key=lambda t: pos[t]):
-            before[(row, d, pos[t])] = S
-            S, out[t] = _step(S, q[t], k[t], v[t], g[t], beta[t])
-            if blk[t] >= 0:
-                clean_end[(row, blk[t])] = S
-        if not clean_causal:
-            for t in toks:
-                if blk[t] >= 0:
-                    out[t] = torch.einsum("hkv,hk->hv", clean_end[(row, blk[t])], q[t])
-    for (row, d, s, _b), toks in groups.items():
-        if s == 0:
-            continue
-        toks = sorted(toks, key=lambda t: pos[t])
-        S = before[(row, d, pos[toks[0]])]
-        for t in toks:
-            S, out[t] = _step(S, q[t], k[t], v[t], g[t], beta[t])
-        if not within_block_causal:
-            for t in toks:
-                out[t] = torch.einsum("hkv,hk->hv", S, q[t])
-    return torch.stack(out)
-
-
-def reference_conv(meta, x, weight):
-    """Causal conv whose taps before a noised block read the clean stream, by dictionary lookups."""
-    stream, doc, pos, blk, bstart = (t.reshape(-1).tolist() for t in meta)
-    T = meta.stream.shape[1]
-    where = {(t // T, doc[t], stream[t], blk[t] if stream[t] > 0 else None, pos[t]): t for t in range(len(stream))}
-    K = weight.shape[1]
-    out = torch.zeros_like(x)
-    for t in range(len(stream)):
-        if stream[t] < 0:
-            continue
-        for kk in range(K):
-            j = pos[t] - (K - 1 - kk)
-            if stream[t] > 0 and j >= bstart[t]:
-                src = where[(t // T, doc[t], stream[t], blk[t], j)]
-            elif j >= 0:
-                src = where[(t // T, doc[t], 0, None, j)]
-            else:
-                continue
-            out[t] += weight[:, kk] * x[src]
-    return out
 
 
 def _batch(seed, cfg, turns, pack):
