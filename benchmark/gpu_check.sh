@@ -105,7 +105,7 @@ grep -E "^(torch|device|transformers) " "$ENV_LOG" | tee -a "$SUMMARY"
 # --- pytest: CUDA twins first, then the invariant tests with CUDA visible ------------------------
 PYTEST_LOG="$OUT/pytest.txt"
 TESTS=(tests/test_cuda_paths.py tests/test_attention_rule.py tests/test_invariant_1_clean_stream.py
-  tests/test_invariant_1_hybrid.py tests/test_invariant_2_noised_blocks.py tests/test_invariant_2_hybrid.py
+  tests/test_invariant_2_noised_blocks.py
   tests/test_invariant_3_engine_denoise.py tests/test_invariant_4_self_spec.py tests/test_gated_delta.py
   tests/test_sparse_attention.py tests/test_loss.py)
 PYTEST_ARGS=(-rfEs --durations=12 -p no:cacheprovider
