@@ -5,26 +5,34 @@ import os
 import sys
 
 from train.cli import parse_args
+from train.config import FlagError, JobConfig
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)  # --help and bad flags answer here, before torch is imported
-    from train.config import FlagError
+    # --help and bad flags answer here, before torch is imported.
+    try:
+        config = JobConfig.from_args(parse_args(argv))
+    except FlagError as e:
+        _exit_on(e)
     from train.parallel import shutdown
     from train.trainer import run
 
     try:
-        run(args)
+        run(config)
     except FlagError as e:
-        # What the user can fix (a flag, the data, the model id) is one line, not a traceback.
         _leave_process_group()
-        sys.exit(f"train.py: error: {e}")
+        _exit_on(e)
     shutdown()
     # Some torch builds abort in atexit teardown after FSDP2 with tied weights; everything is
     # written and flushed by now, so leave without running it.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _exit_on(error: FlagError):
+    """What the user can fix (a flag, the data, the model id) is one line, not a traceback."""
+    sys.exit(f"train.py: error: {error}")
 
 
 def _leave_process_group() -> None:

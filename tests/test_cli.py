@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.train_args import train_args
 from train.cli import parse_args
+from train.config import BlockDiffusionConfig, FlagError, JobConfig
 
 FLAGS = (
     "--model_id --dataset --bd_size --ar_loss_weight --ar_only --within_block_causal --loss_weighting --views "
@@ -56,7 +58,7 @@ BASE = ["--model_id", "m", "--dataset", "d.jsonl", "--save_dir", "out"]
     ],
 )
 def test_bad_values_name_the_flag(extra, flag):
-    with pytest.raises(SystemExit, match=flag):
+    with pytest.raises(FlagError, match=flag):
         parse_args(BASE + extra)
 
 
@@ -67,19 +69,21 @@ def test_derived_values():
     assert b.length_buckets == [512, 2048, 4096]
 
 
+def test_job_config_places_every_flag_in_one_section():
+    args = parse_args(BASE + ["--bd_size", "8", "--pack", "--length_buckets", "512", "--lr", "2e-3", "--tensorboard"])
+    config = JobConfig.from_args(args)
+    assert config.flags() == vars(args)
+    assert config.diffusion == BlockDiffusionConfig(bd_size=8, views=2, ar_loss_weight=0.2)
+    assert (config.data.pack, config.data.length_buckets) == (True, (512, 4096))
+    assert (config.optim.lr, config.training.max_steps, config.logging.tensorboard) == (2e-3, 1000, True)
+    assert config.resume_flags()["bd_size"] == 8
+    ar = JobConfig.from_args(parse_args(BASE + ["--ar_only"]))
+    assert ar.diffusion.ar_only and ar.flags()["ar_only"] and ar.flags()["views"] == 0
+
+
 def test_runtime_flag_errors_before_training(demo_kit, tmp_path):
     proc = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--model_id",
-            str(demo_kit / "base_model"),
-            "--dataset",
-            str(demo_kit / "train.jsonl"),
-            "--save_dir",
-            str(tmp_path / "r"),
-            "--activation_offload",
-        ],
+        [sys.executable, "train.py", *train_args(demo_kit, tmp_path / "r", activation_offload=True)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -92,20 +96,7 @@ def test_empty_dataset_is_a_clear_error(demo_kit, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": []}\nnot json\n')
     proc = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--model_id",
-            str(demo_kit / "base_model"),
-            "--dataset",
-            str(bad),
-            "--save_dir",
-            str(tmp_path / "r"),
-            "--bd_size",
-            "4",
-            "--max_length",
-            "64",
-        ],
+        [sys.executable, "train.py", *train_args(demo_kit, tmp_path / "r", dataset=bad, max_length=64)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -118,9 +109,8 @@ def test_empty_dataset_is_a_clear_error(demo_kit, tmp_path):
 def _train_error(demo_kit, tmp_path, *, model_id=None, dataset=None, env=None) -> tuple[str, Path]:
     """Run train.py expecting a start-up error; return (the one error line, the run directory)."""
     run = tmp_path / "r"
-    model = str(demo_kit / "base_model") if model_id is None else model_id
-    data = str(demo_kit / "train.jsonl") if dataset is None else dataset
-    args = ["--model_id", model, "--dataset", data, "--save_dir", str(run), "--bd_size", "4", "--max_length", "64"]
+    overrides = {name: value for name, value in (("model_id", model_id), ("dataset", dataset)) if value is not None}
+    args = train_args(demo_kit, run, max_length=64, **overrides)
     env = {**os.environ, **(env or {})}
     proc = subprocess.run(
         [sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=120, env=env

@@ -8,34 +8,15 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import REPO, read_metrics, run_train
+from tests.train_args import train_args
 from train.metrics import RunLogger
 
 
 def test_resume_continues_the_same_run(demo_kit, tmp_path):
-    common = [
-        "--model_id",
-        str(demo_kit / "base_model"),
-        "--dataset",
-        str(demo_kit / "train.jsonl"),
-        "--bd_size",
-        "4",
-        "--max_length",
-        "192",
-        "--pack",
-        "--grad_accum",
-        "2",
-        "--lr",
-        "2e-3",
-        "--warmup",
-        "1",
-        "--max_steps",
-        "4",
-        "--weight_decay",
-        "0.1",
-    ]
+    common = dict(pack=True, grad_accum=2, lr="2e-3", warmup=1, max_steps=4, weight_decay=0.1)
     full, part = tmp_path / "full", tmp_path / "resumed"
-    run_train([*common, "--save_every", "2", "--save_dir", str(full)], nproc=2)
-    run_train([*common, "--save_dir", str(part), "--resume", str(full / "step_2")], nproc=2)
+    run_train(train_args(demo_kit, full, **common, save_every=2), nproc=2)
+    run_train(train_args(demo_kit, part, **common, resume=full / "step_2"), nproc=2)
     a, b = read_metrics(full), read_metrics(part)
     assert sorted(b) == [3, 4]
     for step in (3, 4):
@@ -63,27 +44,16 @@ def test_resume_logs_each_step_once(tmp_path):
 
 
 def test_resume_in_the_run_directory_logs_once_and_guards_the_schedule(demo_kit, tmp_path):
-    common = [
-        "--model_id",
-        str(demo_kit / "base_model"),
-        "--dataset",
-        str(demo_kit / "train.jsonl"),
-        "--bd_size",
-        "4",
-        "--max_length",
-        "192",
-        "--lr",
-        "1e-3",
-    ]
+    common = dict(lr="1e-3", max_steps=3)
     run = tmp_path / "run"
-    run_train([*common, "--max_steps", "3", "--save_every", "2", "--save_dir", str(run)])
+    run_train(train_args(demo_kit, run, **common, save_every=2))
     # A run killed after step 3 restarts from step_2: step 3 is logged once.
-    run_train([*common, "--max_steps", "3", "--save_dir", str(run), "--resume", str(run / "step_2")])
+    run_train(train_args(demo_kit, run, **common, resume=run / "step_2"))
     assert _steps(run) == [1, 2, 3]
 
-    changed = [*common[:-1], "2e-3", "--max_steps", "4", "--warmup", "1", "--lr_min_ratio", "0.5"]
+    changed = train_args(demo_kit, run, lr="2e-3", max_steps=4, warmup=1, lr_min_ratio=0.5, resume=run)
     proc = subprocess.run(
-        [sys.executable, "train.py", *changed, "--save_dir", str(run), "--resume", str(run)],
+        [sys.executable, "train.py", *changed],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -101,7 +71,7 @@ def test_resume_in_the_run_directory_logs_once_and_guards_the_schedule(demo_kit,
     assert "--allow_schedule_change" in line
     assert _steps(run) == [1, 2, 3]
 
-    run_train([*changed, "--save_dir", str(run), "--resume", str(run), "--allow_schedule_change"])
+    run_train([*changed, "--allow_schedule_change"])
     assert _steps(run) == [1, 2, 3, 4]
     changes = json.loads((run / "run_config.json").read_text())["schedule_changes"]
     assert changes == {"max_steps": [3, 4], "lr": [0.001, 0.002], "warmup": [0, 1], "lr_min_ratio": [0.1, 0.5]}

@@ -8,29 +8,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bdcore.sidecar import read_sidecar
 from tests.conftest import run_train
+from tests.train_args import train_args
 
-COMMON = ["--bd_size", "4", "--max_length", "192", "--lr", "1e-3", "--log_every", "1"]
+COMMON = {"lr": "1e-3", "log_every": 1}
 
 
 def test_torchrun_two_ranks_trains_saves_and_reloads(demo_kit, tmp_path):
     run = tmp_path / "run"
-    run_train(
-        [
-            "--model_id",
-            str(demo_kit / "base_model"),
-            "--dataset",
-            str(demo_kit / "train.jsonl"),
-            *COMMON,
-            "--pack",
-            "--max_steps",
-            "3",
-            "--save_every",
-            "2",
-            "--save_dir",
-            str(run),
-        ],
-        nproc=2,
-    )
+    run_train(train_args(demo_kit, run, **COMMON, pack=True, max_steps=3, save_every=2), nproc=2)
     assert (run / "latest").read_text().strip() == "final"
     assert (run / "step_2" / "train_state" / "trainer_state.json").is_file()
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -61,38 +46,12 @@ def test_torchrun_two_ranks_trains_saves_and_reloads(demo_kit, tmp_path):
 
 def test_ar_only_then_block_diffusion_conversion(demo_kit, tmp_path):
     ar = tmp_path / "ar"
-    run_train(
-        [
-            "--model_id",
-            str(demo_kit / "base_model"),
-            "--dataset",
-            str(demo_kit / "train.jsonl"),
-            *COMMON,
-            "--ar_only",
-            "--max_steps",
-            "2",
-            "--save_dir",
-            str(ar),
-        ]
-    )
+    run_train(train_args(demo_kit, ar, **COMMON, ar_only=True, max_steps=2))
     assert not (ar / "final" / "block_diffusion.json").exists()
     assert "<|mask|>" not in AutoTokenizer.from_pretrained(ar / "final").get_vocab()
     bd = tmp_path / "bd"
-    run_train(
-        [
-            "--model_id",
-            str(ar / "final"),
-            "--dataset",
-            str(demo_kit / "train.jsonl"),
-            *COMMON,
-            "--max_steps",
-            "2",
-            "--multiturn",
-            "--within_block_causal",
-            "--save_dir",
-            str(bd),
-        ]
-    )
+    bd_flags = dict(model_id=ar / "final", max_steps=2, multiturn=True, within_block_causal=True)
+    run_train(train_args(demo_kit, bd, **COMMON, **bd_flags))
     sc = read_sidecar(bd / "final")
     assert sc.base_model == str(ar / "final") and sc.within_block_causal
     sc.check_tokenizer(AutoTokenizer.from_pretrained(bd / "final"))

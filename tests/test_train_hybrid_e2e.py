@@ -10,28 +10,14 @@ from bdcore.sidecar import read_sidecar
 from data.toy_tokenizer import build_char_tokenizer
 from tests.conftest import read_metrics, run_train
 from tests.tiny import tiny_hybrid_config
+from tests.train_args import train_args
 
 
 def test_hybrid_trains_reloads_and_resumes_exactly(hybrid_kit, tmp_path):
-    common = [
-        "--model_id",
-        str(hybrid_kit / "base_model"),
-        "--dataset",
-        str(hybrid_kit / "train.jsonl"),
-        "--bd_size",
-        "4",
-        "--max_length",
-        "192",
-        "--pack",
-        "--multiturn",
-        "--lr",
-        "2e-3",
-        "--max_steps",
-        "4",
-    ]
+    common = dict(pack=True, multiturn=True, lr="2e-3", max_steps=4)
     full, part = tmp_path / "full", tmp_path / "resumed"
-    run_train([*common, "--save_every", "2", "--save_dir", str(full)], nproc=2)
-    run_train([*common, "--save_dir", str(part), "--resume", str(full / "step_2")], nproc=2)
+    run_train(train_args(hybrid_kit, full, **common, save_every=2), nproc=2)
+    run_train(train_args(hybrid_kit, part, **common, resume=full / "step_2"), nproc=2)
     a, b = read_metrics(full), read_metrics(part)
     assert a[4]["loss"] < a[1]["loss"]
     for step in (3, 4):
@@ -69,22 +55,7 @@ def test_vision_language_checkpoint_trains_its_text_model(tmp_path, hybrid_kit):
     Qwen3_5ForConditionalGeneration(copy.deepcopy(cfg)).save_pretrained(src)
     tok.save_pretrained(src)
     run = tmp_path / "run"
-    run_train(
-        [
-            "--model_id",
-            str(src),
-            "--dataset",
-            str(hybrid_kit / "train.jsonl"),
-            "--bd_size",
-            "4",
-            "--max_length",
-            "192",
-            "--max_steps",
-            "1",
-            "--save_dir",
-            str(run),
-        ]
-    )
+    run_train(train_args(hybrid_kit, run, model_id=src, max_steps=1))
     model = AutoModelForCausalLM.from_pretrained(run / "final")
     assert type(model).__name__ == "Qwen3_5ForCausalLM"
     assert read_sidecar(run / "final").base_model == str(src)

@@ -26,6 +26,7 @@ import json
 import os
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,7 +40,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from bdcore.sidecar import Sidecar, write_sidecar
-from train.config import FlagError
+from bdcore.tokens import MASK_TOKEN
+from train.config import RESUME_MUST_MATCH, SCHEDULE_FLAGS, FlagError, JobConfig
 from train.parallel import DistInfo
 
 TRAIN_STATE = "train_state"
@@ -223,3 +225,57 @@ def load_train_state(ckpt: Path, model, optimizer, info: DistInfo) -> dict:
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
     return read_trainer_state(ckpt)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    checkpoint: Path
+    step: int  # optimizer steps done
+    data_position: int  # global rows consumed
+    schedule_changes: dict  # {flag: [old, new]}, allowed only with --allow_schedule_change
+
+
+def check_resume(config: JobConfig) -> ResumePoint | None:
+    """Before any loading: where `--resume` continues from, or None for a fresh run. The flags that
+    shape rows and data order must match the checkpoint's run; the lr schedule flags may change
+    only with --allow_schedule_change."""
+    if config.checkpoint.resume is None:
+        return None
+    ckpt = resolve_resume(config.checkpoint.resume)
+    state = read_trainer_state(ckpt)
+    saved, now = state.get("config", {}), config.flags()
+
+    def changed(keys):
+        return {k: [saved[k], now[k]] for k in keys if k in saved and saved[k] != now[k]}
+
+    def listed(diff):
+        return ", ".join(f"--{k} {old} -> {new}" for k, (old, new) in diff.items())
+
+    fixed, schedule = changed(RESUME_MUST_MATCH), changed(SCHEDULE_FLAGS)
+    if fixed:
+        raise FlagError("--resume", f"{ckpt} was written with other flags ({listed(fixed)}); resume with its values")
+    if schedule and not config.checkpoint.allow_schedule_change:
+        raise FlagError(
+            "--resume",
+            f"{ckpt} was written with another lr schedule ({listed(schedule)}); resume with its values, or add "
+            f"--allow_schedule_change to follow the new schedule from step {state['step']}",
+        )
+    return ResumePoint(ckpt, state["step"], state["data_position"], schedule)
+
+
+def sidecar_for(config: JobConfig, mask_id: int, global_step: int) -> Sidecar | None:
+    """The block_diffusion.json of a checkpoint of this run; None for --ar_only (a plain AR checkpoint)."""
+    d = config.diffusion
+    if d.ar_only:
+        return None
+    return Sidecar(
+        bd_size=d.bd_size,
+        mask_id=mask_id,
+        mask_token=MASK_TOKEN,
+        ar_loss_weight=d.ar_loss_weight,
+        clean_causal=d.clean_causal,
+        within_block_causal=d.within_block_causal,
+        views=d.views,
+        base_model=config.model.model_id,
+        global_step=global_step,
+    )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from train.config import FlagError
+
 DESCRIPTION = """\
 Convert a pretrained autoregressive causal LM into a block-diffusion LM by supervised fine-tuning.
 
@@ -118,10 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def validate(args: argparse.Namespace) -> argparse.Namespace:
-    """Fail at start with the flag and the fix; fill derived values."""
+    """Fail at start (FlagError) with the flag and the fix; fill derived values."""
 
     def bad(flag: str, msg: str):
-        raise SystemExit(f"train.py: error: {flag}: {msg}")
+        raise FlagError(flag, msg)
 
     if args.bd_size < 2:
         bad("--bd_size", f"{args.bd_size} is too small; a block needs a seed and at least one token (use >= 2)")
@@ -162,26 +164,27 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     # A checkpoint directory a kill left mid-rename is missing, but its run directory holds a copy.
     if args.resume is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.resume))):
         bad("--resume", f"{args.resume} is not a directory")
-    _check_model_id(args.model_id, bad)
+    _check_model_id(args.model_id)
     if args.ar_only:
         args.views, args.ar_loss_weight = 0, 1.0
     return args
 
 
-def _check_model_id(model_id: str, bad) -> None:
+def _check_model_id(model_id: str) -> None:
     """Local paths are checked here; a hub id is checked when it is downloaded."""
     fix = "pass a hub id (e.g. Qwen/Qwen3-4B) or a local directory written by save_pretrained"
     if not model_id.strip():
-        bad("--model_id", f"is empty; {fix}")
+        raise FlagError("--model_id", f"is empty; {fix}")
     path = os.path.expanduser(model_id)
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
-            bad("--model_id", f"{model_id} holds no config.json; {fix}")
+            raise FlagError("--model_id", f"{model_id} holds no config.json; {fix}")
     elif os.path.exists(path):
-        bad("--model_id", f"{model_id} is a file, not a model directory; {fix}")
+        raise FlagError("--model_id", f"{model_id} is a file, not a model directory; {fix}")
     elif model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:
-        bad("--model_id", f"{model_id}: no such directory; {fix}")
+        raise FlagError("--model_id", f"{model_id}: no such directory; {fix}")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """The validated flags; argparse exits on unknown flags and malformed values, FlagError names a bad one."""
     return validate(build_parser().parse_args(argv))

@@ -1,8 +1,8 @@
-"""The block-diffusion training semantics as one small config (DESIGN sections 2-4)."""
+"""Configuration: the block-diffusion training semantics (DESIGN sections 2-4) and the job config of a run."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 
 LOSS_WEIGHTINGS = ("uniform", "inverse_rate")
 
@@ -63,3 +63,140 @@ class BlockDiffusionConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# What a resumed run must share with the run that wrote the checkpoint: these shape the rows, the
+# noise and the data order, so a change would silently train on a different stream.
+RESUME_MUST_MATCH = (
+    "bd_size",
+    "views",
+    "ar_only",
+    "within_block_causal",
+    "max_length",
+    "pack",
+    "multiturn",
+    "seed",
+    "micro_batch_size",
+    "grad_accum",
+)
+# What shapes the learning-rate schedule: a resume may change these only with --allow_schedule_change.
+SCHEDULE_FLAGS = ("max_steps", "lr", "warmup", "lr_min_ratio")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    model_id: str
+    trust_remote_code: bool = False
+    dtype: str = "auto"  # compute dtype: auto (bf16 on CUDA, fp32 on CPU), bf16 or fp32
+
+
+@dataclass(frozen=True)
+class DataSection:
+    dataset: str
+    max_length: int = 4096
+    max_response_length: int | None = None
+    length_buckets: tuple[int, ...] | None = None
+    pack: bool = False
+    multiturn: bool = False
+
+
+@dataclass(frozen=True)
+class TrainingSection:
+    micro_batch_size: int = 1  # rows per rank per micro-step
+    grad_accum: int = 1  # micro-steps per optimizer step
+    max_steps: int = 1000  # optimizer steps
+    seed: int = 0  # data order and noise
+
+
+@dataclass(frozen=True)
+class OptimSection:
+    lr: float = 1e-5
+    warmup: int = 0
+    lr_min_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # 0 disables clipping
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    save_dir: str
+    save_every: int = 0
+    resume: str | None = None
+    allow_schedule_change: bool = False
+
+
+@dataclass(frozen=True)
+class LoggingSection:
+    log_every: int = 1
+    wandb: str | None = None
+    tensorboard: bool = False
+
+
+@dataclass(frozen=True)
+class EfficiencySection:
+    activation_checkpointing: bool = False
+    activation_offload: bool = False
+    fused_ce: str = "auto"
+    compile: bool = False
+
+
+# The CLI flags `diffusion` holds; the rest of BlockDiffusionConfig (clean_causal, min_rate) is derived or fixed.
+DIFFUSION_FLAGS = ("bd_size", "ar_loss_weight", "ar_only", "within_block_causal", "loss_weighting", "views")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One training run, section by section; every flag of `train.py` lives in exactly one section."""
+
+    model: ModelSection
+    diffusion: BlockDiffusionConfig
+    data: DataSection
+    training: TrainingSection
+    optim: OptimSection
+    checkpoint: CheckpointSection
+    logging: LoggingSection
+    efficiency: EfficiencySection
+
+    @classmethod
+    def from_args(cls, args) -> JobConfig:
+        """From the validated `train.py` namespace (`train.cli.parse_args`)."""
+        flags = vars(args)
+
+        def section(kind):
+            return kind(**{f.name: flags[f.name] for f in fields(kind)})
+
+        buckets = flags["length_buckets"]
+        config = cls(
+            model=section(ModelSection),
+            diffusion=BlockDiffusionConfig(
+                bd_size=flags["bd_size"],
+                views=flags["views"],
+                ar_loss_weight=flags["ar_loss_weight"],
+                within_block_causal=flags["within_block_causal"],
+                loss_weighting=flags["loss_weighting"],
+            ),
+            data=replace(section(DataSection), length_buckets=None if buckets is None else tuple(buckets)),
+            training=section(TrainingSection),
+            optim=section(OptimSection),
+            checkpoint=section(CheckpointSection),
+            logging=section(LoggingSection),
+            efficiency=section(EfficiencySection),
+        )
+        unplaced = set(flags) - set(config.flags())
+        if unplaced:  # a flag added to the parser but to no section would be silently ignored
+            raise ValueError(f"flags in no JobConfig section: {sorted(unplaced)}")
+        return config
+
+    def flags(self) -> dict:
+        """The resolved flags by name, as run_config.json and the checkpoint's trainer state record them."""
+        out = {**asdict(self.model), **{k: getattr(self.diffusion, k) for k in DIFFUSION_FLAGS}}
+        for part in (self.data, self.training, self.optim, self.checkpoint, self.logging, self.efficiency):
+            out.update(asdict(part))
+        if out["length_buckets"] is not None:
+            out["length_buckets"] = list(out["length_buckets"])
+        return out
+
+    def resume_flags(self) -> dict:
+        """What a checkpoint records so that a resume can be checked against the run that wrote it."""
+        flags = self.flags()
+        return {k: flags[k] for k in RESUME_MUST_MATCH + SCHEDULE_FLAGS}

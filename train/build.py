@@ -1,0 +1,178 @@
+"""What a run is built from, given its JobConfig: the tokenizer and its special ids, the training rows,
+and the FSDP2-sharded two-stream model."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from train.config import FlagError, JobConfig
+from train.data import DataError, DataStats, load_samples
+from train.loss import liger_available
+from train.model import TwoStreamLM, attention_backend, check_supported_model
+from train.packing import pack_first_fit
+from train.parallel import DistInfo, deepcopy_config, fsdp_shard, materialize_sharded, non_persistent_buffers
+from train.rows import Sample, SpecialIds, two_stream_length
+from train.special_tokens import (
+    add_mask_to_tokenizer,
+    end_of_turn_id,
+    filler_id,
+    init_mask_rows,
+    vocab_rows_needed,
+)
+
+
+def check_runtime(config: JobConfig, info: DistInfo) -> None:
+    """Flags that only the device can rule out, checked before anything is loaded."""
+    cuda = info.device.type == "cuda"
+    if config.efficiency.activation_offload and not cuda:
+        raise FlagError("--activation_offload", "needs a CUDA device (activations already live in host memory)")
+    if config.efficiency.fused_ce == "on" and not liger_available():
+        raise FlagError("--fused_ce on", "needs CUDA and liger-kernel (pip install liger-kernel), or use auto/off")
+    if config.model.dtype == "bf16" and not cuda:
+        raise FlagError("--dtype bf16", "CPU training runs in fp32; use --dtype auto or fp32 on CPU")
+
+
+def compute_dtype(config: JobConfig, info: DistInfo) -> torch.dtype | None:
+    """FSDP's parameter dtype for compute; None keeps the fp32 master weights."""
+    dtype = config.model.dtype
+    return torch.bfloat16 if (dtype == "bf16" or (dtype == "auto" and info.device.type == "cuda")) else None
+
+
+def write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+@dataclass
+class TokenizerParts:
+    tokenizer: object
+    end_of_turn: int
+    special: SpecialIds
+    num_real: int | None  # ids before the <|mask|> this run added; None when it added none
+
+
+def _load_tokenizer(config: JobConfig):
+    from transformers import AutoTokenizer
+
+    model_id = config.model.model_id
+    try:
+        return AutoTokenizer.from_pretrained(model_id, trust_remote_code=config.model.trust_remote_code)
+    except (OSError, ValueError) as e:  # the hub client's errors: not found, offline, gated, no tokenizer
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise FlagError(
+            "--model_id",
+            f"cannot load {model_id} ({reason}); check the hub id and the network (HF_HUB_OFFLINE), "
+            "or pass a local directory written by save_pretrained",
+        ) from e
+
+
+def build_tokenizer(config: JobConfig) -> TokenizerParts:
+    """The tokenizer with <|mask|> added (none for --ar_only), and the ids rows are built with."""
+    tok = _load_tokenizer(config)
+    eot = end_of_turn_id(tok)
+    ar_only = config.diffusion.ar_only
+    try:
+        fill = filler_id(tok, eot)
+    except ValueError:
+        if not ar_only:
+            raise
+        fill = eot  # AR-only rows have no noised blocks; the filler only pads
+    if ar_only:
+        return TokenizerParts(tok, eot, SpecialIds(mask_id=-1, filler_id=fill), None)
+    mask_id, num_real = add_mask_to_tokenizer(tok)
+    return TokenizerParts(tok, eot, SpecialIds(mask_id=mask_id, filler_id=fill), num_real)
+
+
+@dataclass
+class Rows:
+    rows: list[list[Sample]]  # the samples of each training row, in the run's seeded order
+    lengths: list[int]  # each row's two-stream length
+    stats: DataStats
+
+
+def build_rows(config: JobConfig, info: DistInfo, tokens: TokenizerParts, run_dir: Path) -> Rows:
+    """Rows of samples; data_stats.json is written even when the data cannot start a run."""
+    data, d = config.data, config.diffusion
+    try:
+        samples, stats = load_samples(
+            data.dataset,
+            tokens.tokenizer,
+            tokens.end_of_turn,
+            multiturn=data.multiturn,
+            max_length=data.max_length,
+            max_response_length=data.max_response_length,
+            bd_size=d.bd_size,
+            views=d.views,
+            progress=info.is_main,
+        )
+    except DataError as e:
+        if info.is_main:
+            write_json(run_dir / "data_stats.json", {**(e.stats or DataStats()).to_dict(), "rows": 0})
+        raise
+    order = list(range(len(samples)))
+    random.Random(config.training.seed).shuffle(order)
+    lengths = [two_stream_length(samples[i], d.bd_size, d.views) for i in order]
+    if data.pack:
+        groups = pack_first_fit(lengths, data.max_length)
+    else:
+        groups = [[j] for j in range(len(order))]
+    rows = [[samples[order[j]] for j in g] for g in groups]
+    row_lengths = [sum(lengths[j] for j in g) for g in groups]
+    if info.is_main:
+        write_json(run_dir / "data_stats.json", {**stats.to_dict(), "rows": len(rows)})
+    return Rows(rows, row_lengths, stats)
+
+
+def build_model(config: JobConfig, info: DistInfo, tokens: TokenizerParts) -> tuple[TwoStreamLM, torch.dtype]:
+    """The sharded two-stream model and the dtype its checkpoints are saved in.
+
+    Rank 0 reads the weights on CPU; every rank builds a meta model, shards it and receives its shards."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_id, remote = config.model.model_id, config.model.trust_remote_code
+    efficiency = config.efficiency
+    hf_config = AutoConfig.from_pretrained(model_id, trust_remote_code=remote)
+    if getattr(hf_config, "text_config", None) is not None and getattr(hf_config, "vocab_size", None) is None:
+        # A vision-language checkpoint (e.g. Qwen3_5ForConditionalGeneration): train its text model alone.
+        hf_config = hf_config.get_text_config()
+    attn = attention_backend(hf_config, cuda=info.device.type == "cuda")
+    save_dtype = getattr(hf_config, "dtype", None) or torch.float32
+    if isinstance(save_dtype, str):
+        save_dtype = getattr(torch, save_dtype)
+    mask_id = tokens.special.mask_id
+    full_sd = buffers = None
+    if info.is_main:
+        cpu_model = AutoModelForCausalLM.from_pretrained(
+            model_id, dtype=torch.float32, attn_implementation=attn, trust_remote_code=remote
+        )
+        check_supported_model(cpu_model)
+        if tokens.num_real is not None:
+            init_mask_rows(cpu_model, mask_id, tokens.num_real)
+        full_sd, buffers = cpu_model.state_dict(), non_persistent_buffers(cpu_model)
+        del cpu_model
+    if not config.diffusion.ar_only:
+        hf_config.vocab_size = vocab_rows_needed(hf_config, mask_id)
+
+    def build_meta():
+        model = AutoModelForCausalLM.from_config(
+            deepcopy_config(hf_config), attn_implementation=attn, dtype=torch.float32, trust_remote_code=remote
+        )
+        if efficiency.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        fused = liger_available() if efficiency.fused_ce == "auto" else efficiency.fused_ce == "on"
+        return TwoStreamLM(model, config.diffusion, fused_ce=fused)
+
+    def shard(lm):
+        layers = lm.model.get_decoder().layers
+        if efficiency.compile:
+            for layer in layers:
+                layer.compile()
+        fsdp_shard(lm, layers, compute_dtype(config, info))
+
+    lm = materialize_sharded(build_meta, full_sd, buffers, info, shard, weights_of=lambda root: root.model)
+    lm.train()
+    return lm, save_dtype
