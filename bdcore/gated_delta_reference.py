@@ -1,6 +1,6 @@
 """Slow references of the two-stream gated delta, written for clarity: a per-token recurrence over the
 row metadata and a causal conv by dictionary lookups. Tests hold the chunked trainer op
-(`train/gated_delta.py`) against them, and `benchmark/gated_delta.py` times them."""
+(`train/two_stream_gated_delta.py`) against them, and `benchmark/gated_delta.py` times them."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
     python -m benchmark.gated_delta [--lengths 512,2048 --block_sizes 16,32 --heads 4 --dim 64]
 
 For a document of L tokens (prompt L/2, response L/2, 2 noised views) it times, in one run:
-- chunked:   `train.gated_delta.two_stream_gated_delta` over the two-stream row (L + 2 * L/2 tokens);
+- chunked:   `train.two_stream_gated_delta.two_stream_gated_delta` over the two-stream row (L + 2 * L/2 tokens);
 - floor:     the stock causal chunked gated delta (transformers' torch_chunk_gated_delta_rule) over L tokens;
 - reference: the per-token recurrence the tests hold the chunked op against (same two-stream row).
 Prints medians of forward+backward, ratios, and memory: the bytes autograd saves for backward
@@ -60,10 +60,10 @@ def measure(L: int, bd: int, args, device) -> dict:
 
     from bdcore.gated_delta_reference import reference_gated_delta
     from train.config import BlockDiffusionConfig
-    from train.gated_delta import two_stream_gated_delta
     from train.hybrid import build_layout
     from train.noise import noise_generator
     from train.rows import Sample, SpecialIds, build_batch
+    from train.two_stream_gated_delta import two_stream_gated_delta
 
     cfg = BlockDiffusionConfig(bd_size=bd)
     sample = Sample(list(range(L)), [(L // 2, L)])

@@ -48,7 +48,8 @@ class ReferenceModel:
     def __init__(self, model_dir, *, mask_id: int, clean_causal: bool, within_block_causal: bool):
         from transformers import AutoModelForCausalLM
 
-        from train.hybrid import is_hybrid, patch_gated_delta_layers
+        from bdcore.gated_delta import is_hybrid
+        from train.hybrid import patch_gated_delta_layers
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
         self.model.eval()

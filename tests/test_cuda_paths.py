@@ -43,11 +43,11 @@ from tests.tiny import (
 )
 from tests.train_args import train_args
 from train.config import BlockDiffusionConfig
-from train.gated_delta import two_stream_gated_delta
 from train.hybrid import build_layout
 from train.model import TwoStreamLM, attention_backend
 from train.noise import noise_generator
 from train.rows import SpecialIds, build_batch
+from train.two_stream_gated_delta import two_stream_gated_delta
 
 DEVICE = "cuda"
 IDS = SpecialIds(mask_id=MASK_ID, filler_id=FILLER_ID)

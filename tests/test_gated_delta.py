@@ -8,10 +8,10 @@ import torch
 from bdcore.gated_delta_reference import reference_conv, reference_gated_delta
 from tests.tiny import FILLER_ID, MASK_ID, random_sample
 from train.config import BlockDiffusionConfig
-from train.gated_delta import two_stream_conv, two_stream_gated_delta
 from train.hybrid import build_layout
 from train.noise import noise_generator
 from train.rows import SpecialIds, build_batch
+from train.two_stream_gated_delta import two_stream_conv, two_stream_gated_delta
 
 IDS = SpecialIds(mask_id=MASK_ID, filler_id=FILLER_ID)
 

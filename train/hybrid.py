@@ -17,13 +17,7 @@ from transformers.activations import ACT2FN
 from bdcore.attention_rule import CLEAN_STREAM, TokenMeta
 from bdcore.gated_delta import prepare_qk
 from train.config import BlockDiffusionConfig
-from train.gated_delta import GatedDeltaLayout, two_stream_conv, two_stream_gated_delta
-
-LINEAR_LAYER_TYPES = {"linear_attention"}
-
-
-def is_hybrid(config) -> bool:
-    return bool(set(getattr(config, "layer_types", None) or []) & LINEAR_LAYER_TYPES)
+from train.two_stream_gated_delta import GatedDeltaLayout, two_stream_conv, two_stream_gated_delta
 
 
 def build_layout(

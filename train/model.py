@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from bdcore.attention_rule import dense_mask, flex_block_mask
+from bdcore.gated_delta import LINEAR_LAYER_TYPES, is_hybrid
 from train.config import BlockDiffusionConfig
-from train.hybrid import LINEAR_LAYER_TYPES, build_layout, is_hybrid, patch_gated_delta_layers
+from train.hybrid import build_layout, patch_gated_delta_layers
 from train.loss import LossParts, combine_losses, liger_available, token_ce
 from train.rows import TwoStreamBatch
 from train.sparse_attention import NAME as SPARSE_SDPA
