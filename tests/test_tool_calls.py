@@ -2,7 +2,7 @@
 
 import json
 
-from inference.tool_calls import content_before_tool_call, parse_tool_calls
+from inference.server.tool_calls import content_before_tool_call, parse_tool_calls
 
 
 def test_parse_one_and_several_calls():
@@ -35,7 +35,7 @@ def test_streaming_holds_back_a_possible_call():
 
 
 def test_arguments_must_be_an_object_and_only_calls_leave_the_content():
-    from inference.tool_calls import forced_prefix
+    from inference.server.tool_calls import forced_prefix
 
     text = (
         '<tool_call>{"name": "a", "arguments": [1]}</tool_call>'  # arguments not an object: text
@@ -56,7 +56,7 @@ def test_arguments_must_be_an_object_and_only_calls_leave_the_content():
 def test_messages_are_normalised_for_chat_templates():
     import pytest
 
-    from inference.protocol import APIError, template_messages, tool_request
+    from inference.server.protocol import APIError, template_messages, tool_request
 
     body = [
         {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},

@@ -1,4 +1,4 @@
-"""Running totals for /metrics (Prometheus text format)."""
+"""Running totals for /metrics, rendered in the Prometheus text format."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import json
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from inference.protocol import APIError
+from inference.server.protocol import APIError
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
 
@@ -59,16 +59,7 @@ def check_body(body: dict, kind: str, *, model_name: str, allow_chat_template: b
                 raise APIError(400, f"'{key}' must be a {_IGNORED[key].__name__}", param=key)
         elif key not in _FIELDS[kind]:
             raise APIError(400, f"Unrecognized request argument supplied: {key}", param=key)
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise APIError(400, "'model' must be a string", param="model")
-    if model not in (None, model_name):
-        raise APIError(
-            404,
-            f"model {model!r} does not exist; this server serves {model_name!r}",
-            param="model",
-            code="model_not_found",
-        )
+    check_model(body, model_name)
     for key in ("stream", "mode"):
         want = bool if key == "stream" else str
         if body.get(key) is not None and not isinstance(body[key], want):
@@ -87,6 +78,20 @@ def check_body(body: dict, kind: str, *, model_name: str, allow_chat_template: b
                 "--allow-client-chat-template to allow them)",
                 param=where,
             )
+
+
+def check_model(body: dict, model_name: str) -> None:
+    """The request may name the served model or none; any other name is a 404, as OpenAI answers it."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise APIError(400, "'model' must be a string", param="model")
+    if model not in (None, model_name):
+        raise APIError(
+            404,
+            f"model {model!r} does not exist; this server serves {model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def include_usage(body: dict) -> bool:

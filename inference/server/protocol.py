@@ -1,11 +1,9 @@
-"""OpenAI request parsing and validation, response shapes and errors (no web framework here)."""
+"""OpenAI request fields, parsed and validated, and the errors a client sees (no web framework here)."""
 
 from __future__ import annotations
 
 import json
 import math
-import time
-import uuid
 from dataclasses import dataclass
 
 from bdcore.decode.sampling import SamplingParams
@@ -28,6 +26,14 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+CLIENT_CLOSED = 499  # nginx's status for a request whose client went away (counted in /metrics)
+
+
+def internal_error() -> APIError:
+    """What a client sees of a server fault: no exception text (it can carry paths and internals)."""
+    return APIError(500, "internal error", type="server_error")
 
 
 def _number(body: dict, key: str, kind, default, lo=None, hi=None):
@@ -249,21 +255,3 @@ def completion_prompt_ids(tokenizer, body: dict) -> list[int]:
     if not isinstance(prompt, str) or not prompt:
         raise APIError(400, "'prompt' must be a non-empty string", param="prompt")
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
-
-
-def usage(prompt_tokens: int, stats) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": stats.generated,
-        "total_tokens": prompt_tokens + stats.generated,
-        "forwards": stats.forwards,
-        "tokens_per_forward": round(stats.tokens_per_forward, 4),
-    }
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-def now() -> int:
-    return int(time.time())

@@ -11,6 +11,10 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inference.server.protocol import ToolRequest
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
@@ -50,6 +54,15 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
         at = end
     content = "".join([*kept, text[at:]]).strip()
     return (content or None), calls
+
+
+def split_calls(text: str, tools: ToolRequest) -> tuple[str | None, list[dict]]:
+    """(content, tool_calls) of a finished reply; no calls unless the request's tools allow them, and
+    one at most when it turned parallel calls off."""
+    if not tools.parse:
+        return text, []
+    content, calls = parse_tool_calls(text)
+    return content, (calls if tools.parallel else calls[:1])
 
 
 def content_before_tool_call(text: str) -> str:

@@ -1,0 +1,17 @@
+"""The OpenAI-compatible HTTP server over the native engine (FastAPI + uvicorn).
+
+app.py             create_app: shared state, API key middleware, error handlers, routes
+state.py           ServerState: engine, scheduler, metrics, request threads, limits
+prepare.py         an HTTP request -> PreparedRequest (body, model, prompt ids, context, sampling, mode)
+request_checks.py  what is checked before any work: body size and JSON, API key, field types
+protocol.py        OpenAI request fields parsed and validated (sampling, tools, messages); APIError
+generation.py      one generation request end to end: whole JSON reply, or SSE; cancels and counts
+streaming.py       SSE streaming, holding back text that may be a tool call
+responses.py       the reply shapes of chat and completions (one builder), usage, ids
+tool_calls.py      Hermes/Qwen <tool_call> parsing, the streaming hold-back boundary, forced prefixes
+prometheus.py      running totals for /metrics in the Prometheus text format
+"""
+
+from inference.server.app import create_app
+
+__all__ = ["create_app"]

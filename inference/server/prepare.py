@@ -1,0 +1,103 @@
+"""From an HTTP request to a `PreparedRequest`: body, model, prompt ids, context length, sampling, mode.
+
+Every check runs before any decoding, in a fixed order (so a request with several faults always gets the
+same error), and each fault is an `APIError` the client sees as a 4xx."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from bdcore.decode.sampling import SamplingParams
+from inference.native.engine import DecodeConfig
+from inference.native.loading import CheckpointError, LoadedModel
+from inference.server.protocol import (
+    APIError,
+    ToolRequest,
+    chat_prompt_ids,
+    completion_prompt_ids,
+    sampling_params,
+    tool_request,
+)
+from inference.server.request_checks import check_body, include_usage, read_json
+from inference.server.tool_calls import forced_prefix
+
+if TYPE_CHECKING:
+    from inference.server.state import ServerState
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    kind: str  # "chat" or "completion"
+    prompt_ids: list[int]
+    prefix: str  # forced start of the reply: part of the prompt, put back before the reply is parsed
+    tools: ToolRequest
+    params: SamplingParams
+    decode: DecodeConfig
+    stream: bool
+    include_usage: bool
+
+
+async def prepare(state: ServerState, kind: str, request: Request) -> PreparedRequest:
+    body = await read_json(request, state.max_request_bytes)
+    check_body(body, kind, model_name=state.model_name, allow_chat_template=state.allow_client_chat_template)
+    tools = tool_request(body) if kind == "chat" else ToolRequest()
+    # templates and tokenizers are slow on long prompts (and a client template, where allowed, runs as long
+    # as it likes): off the event loop, so health probes and other requests go on meanwhile
+    ids, prefix = await run_in_threadpool(prompt_ids, state.loaded.tokenizer, kind, body, tools)
+    room = context_room(state.max_context, len(ids))
+    # without an explicit max_tokens the reply may use the rest of the context, up to the default
+    params = sampling_params(body, default_max_tokens=min(state.default_max_tokens, room))
+    decode = request_decode(state.loaded, state.decode, body)
+    check_reply_fits(state.max_context, len(ids), params.max_tokens)
+    return PreparedRequest(kind, ids, prefix, tools, params, decode, bool(body.get("stream")), include_usage(body))
+
+
+def prompt_ids(tokenizer, kind: str, body: dict, tools: ToolRequest) -> tuple[list[int], str]:
+    """Prompt ids and the forced reply prefix."""
+    ids = chat_prompt_ids(tokenizer, body, tools) if kind == "chat" else completion_prompt_ids(tokenizer, body)
+    # tool_choice "required" / a named function: the reply is made to open a call (see forced_prefix)
+    prefix = forced_prefix(tools.choice, tools.name) if tools.parse else ""
+    if prefix:
+        ids = ids + tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    return ids, prefix
+
+
+def context_room(max_context: int, n_prompt: int) -> int:
+    """Tokens left for the reply; none left is the client's fault."""
+    room = max_context - n_prompt
+    if room < 1:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_context} tokens. However, your messages resulted "
+            f"in {n_prompt} tokens. Please reduce the length of the messages.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    return room
+
+
+def check_reply_fits(max_context: int, n_prompt: int, max_tokens: int) -> None:
+    if n_prompt + max_tokens > max_context:
+        raise APIError(
+            400,
+            # OpenAI's wording: clients (LiteLLM, the openai SDK's users) recognise it as a context overflow
+            f"This model's maximum context length is {max_context} tokens. However, you requested "
+            f"{n_prompt + max_tokens} tokens ({n_prompt} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+
+
+def request_decode(loaded: LoadedModel, default: DecodeConfig, body: dict) -> DecodeConfig:
+    """The server's decode settings with the request's `mode` (an extension), if the checkpoint has it."""
+    mode = body.get("mode", default.mode)
+    try:
+        loaded.check_mode(mode)
+    except CheckpointError as e:
+        raise APIError(400, str(e), param="mode") from e
+    return replace(default, mode=mode)

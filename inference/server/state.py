@@ -1,0 +1,64 @@
+"""What every route of the server shares: the engine and its scheduler, the metrics, the request
+threads, and the limits the server was started with."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from inference.native.engine import DecodeConfig, Engine
+from inference.native.loading import LoadedModel
+from inference.native.scheduler import Scheduler
+from inference.server.prometheus import ServerMetrics
+
+
+@dataclass
+class ServerState:
+    loaded: LoadedModel
+    decode: DecodeConfig  # the server's default; a request may pick another mode
+    engine: Engine
+    scheduler: Scheduler
+    metrics: ServerMetrics
+    workers: ThreadPoolExecutor
+    model_name: str
+    default_max_tokens: int
+    max_context: int
+    max_request_bytes: int
+    allow_client_chat_template: bool
+
+    @classmethod
+    def build(
+        cls,
+        loaded: LoadedModel,
+        decode: DecodeConfig,
+        *,
+        model_name: str,
+        default_max_tokens: int,
+        max_batch: int,
+        max_request_bytes: int,
+        allow_client_chat_template: bool,
+    ) -> ServerState:
+        engine = Engine(loaded, decode)
+        scheduler = Scheduler(engine, max_batch)
+        # Each in-flight request blocks a thread until it ends; asyncio's default pool holds cores + 4 threads
+        # (6 on a 2-core machine), which would cap the scheduler's batch below --max-batch. Queued requests
+        # hold threads too, so the pool has room beyond the batch.
+        workers = ThreadPoolExecutor(max_workers=max(64, 4 * max_batch), thread_name_prefix="bdstack-request")
+        return cls(
+            loaded=loaded,
+            decode=decode,
+            engine=engine,
+            scheduler=scheduler,
+            metrics=ServerMetrics(),
+            workers=workers,
+            model_name=model_name,
+            default_max_tokens=default_max_tokens,
+            max_context=getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30,
+            max_request_bytes=max_request_bytes,
+            allow_client_chat_template=allow_client_chat_template,
+        )
+
+    def start(self, fn) -> asyncio.Future:
+        """Run `fn` in a request thread (the scheduler decides what runs together)."""
+        return asyncio.get_running_loop().run_in_executor(self.workers, fn)
