@@ -1,47 +1,8 @@
 #!/usr/bin/env python
-"""Block-diffusion SFT entry point: `torchrun --nproc_per_node=N train.py ...` or `python train.py ...`."""
+"""Block-diffusion SFT entry point: `torchrun --nproc_per_node=N train.py ...` or `python train.py ...`
+(installed: `bdstack-train ...`). The program lives in `train/main.py`."""
 
-import os
-import sys
-
-from train.cli import parse_args
-from train.config import FlagError, JobConfig
-
-
-def main(argv=None) -> None:
-    # --help and bad flags answer here, before torch is imported.
-    try:
-        config = JobConfig.from_args(parse_args(argv))
-    except FlagError as e:
-        _exit_on(e)
-    from train.parallel import shutdown
-    from train.trainer import run
-
-    try:
-        run(config)
-    except FlagError as e:
-        _leave_process_group()
-        _exit_on(e)
-    shutdown()
-    # Some torch builds abort in atexit teardown after FSDP2 with tied weights; everything is
-    # written and flushed by now, so leave without running it.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def _exit_on(error: FlagError):
-    """What the user can fix (a flag, the data, the model id) is one line, not a traceback."""
-    sys.exit(f"train.py: error: {error}")
-
-
-def _leave_process_group() -> None:
-    """Without the barrier of `shutdown`: other ranks may have stopped on the same error already."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
+from train.main import main
 
 if __name__ == "__main__":
     main()
