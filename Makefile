@@ -10,7 +10,7 @@ STAMP := $(VENV)/.bdstack-installed
 DEMO_DIR ?= runs/demo
 SMOKE_DIR ?= runs/smollm2
 
-.PHONY: venv test lint demo smoke-smollm2 bench clean
+.PHONY: venv test lint demo smoke-smollm2 bench sglang-contract clean
 
 venv: $(STAMP)
 
@@ -58,6 +58,12 @@ smoke-smollm2: venv
 # Training-step cost: block diffusion vs AR SFT on the same rows (prints the ratio).
 bench: venv
 	$(PY) -m benchmark.train_step
+
+# The SGLang backend against SGLang 0.5.23's own code, on CPU, in its own .venv-sglang (never .venv:
+# triton stays out of it). About 1.5 minutes the first time (it builds .venv-sglang), 10 s after. Not
+# part of `make test`.
+sglang-contract: venv
+	benchmark/sglang_contract/run.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

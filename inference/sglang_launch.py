@@ -139,11 +139,14 @@ def build_sglang_command(
     extra_args: Sequence[str] = (),
     config_dir: Path = CONFIG_DIR,
     algo_config_path: Path | None = None,
+    max_running_requests: int | None = None,
 ) -> list[str]:
     """Return the launch_server argv for `model` served as `family`.
 
     Order: interpreter and module, model/host/port, the dLLM algorithm (+ its config file), the family's fixed
     server args, the API key, then `extra_args` last so a caller can override anything before it.
+    `max_running_requests` (serve.py's --max-batch) becomes --max-running-requests: SGLang runs dLLM
+    requests one at a time without it.
 
     An empty `algorithm_config` omits --dllm-algorithm-config entirely: SGLang would read an empty file as
     None and crash on `.get`. If the config is non-empty and no `algo_config_path` is given, it is written to
@@ -157,10 +160,16 @@ def build_sglang_command(
             algo_config_path = write_algorithm_config(cfg, Path(tempfile.mkdtemp(prefix="bdstack-sglang-")))
         cmd += ["--dllm-algorithm-config", str(algo_config_path)]
     cmd += list(cfg.server_args)
-    if api_key:
-        cmd += ["--api-key", api_key]
+    cmd += _common_flags(api_key, max_running_requests)
     cmd += list(extra_args)
     return cmd
+
+
+def _common_flags(api_key: str | None, max_running_requests: int | None) -> list[str]:
+    flags = ["--api-key", api_key] if api_key else []
+    if max_running_requests is not None:
+        flags += ["--max-running-requests", str(max_running_requests)]
+    return flags
 
 
 def resolve_sglang_python(cli_value: str | None) -> str:
@@ -206,6 +215,12 @@ def bdstack_settings(
     eot = end_of_turn_id(tok)
     filler = filler_id(tok, eot)
     others = [int(tok.eos_token_id)] if tok.eos_token_id is not None and tok.eos_token_id not in (eot, filler) else []
+    if eot not in sglang_stop_ids(model_dir, tok):
+        # The algorithms report a filler as end-of-turn; SGLang must know it as a stop token.
+        raise ValueError(
+            f"SGLang would not stop at end-of-turn (token {eot}): it stops at config.json / generation_config.json "
+            "eos_token_id and the tokenizer's eos; add the end-of-turn id to generation_config.json's eos_token_id"
+        )
     if mode == "self-spec":
         size = draft_len or sidecar.bd_size
         if size > sidecar.bd_size:
@@ -225,6 +240,21 @@ def bdstack_settings(
     )
 
 
+def sglang_stop_ids(model_dir: str | os.PathLike, tokenizer) -> frozenset[int]:
+    """The token ids SGLang (0.5.23) ends a request at without request-level stops: config.json and
+    generation_config.json `eos_token_id` (ModelConfig._get_hf_eos_token_id) and the tokenizer's eos."""
+    import json
+
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        path = Path(model_dir) / name
+        value = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+        ids |= {value} if isinstance(value, int) else set(value or ())
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
 def build_bdstack_command(
     model: str,
     settings,
@@ -235,21 +265,22 @@ def build_bdstack_command(
     port: int = 30000,
     api_key: str | None = None,
     extra_args: Sequence[str] = (),
+    max_running_requests: int | None = None,
 ) -> list[str]:
     """argv that runs SGLang with our algorithms registered; writes `settings` to `settings_path`.
 
-    The Triton attention backend is the one whose DLLM_EXTEND forwards honour per-layer bidirectional
-    attention (the canvas switch); `extra_args` come last so a caller can override anything before them.
+    The Triton attention backend is the one that honours per-layer bidirectional attention (the
+    algorithms' attention switch). SGLang 0.5.23 turns first-done-first-out rounds on by default; our
+    algorithms commit every round, so the command turns them off. `extra_args` come last so a caller
+    can override anything before them.
     """
     settings_path = Path(settings_path)
     settings_path.parent.mkdir(parents=True, exist_ok=True)
     settings_path.write_text(yaml.safe_dump(settings.to_dict(), sort_keys=True))
     cmd = [python, "-m", BDSTACK_LAUNCHER, "--model-path", model, "--host", host, "--port", str(port)]
     cmd += ["--dllm-algorithm", settings.algorithm, "--dllm-algorithm-config", str(settings_path)]
-    cmd += ["--attention-backend", "triton"]
-    if api_key:
-        cmd += ["--api-key", api_key]
-    return cmd + list(extra_args)
+    cmd += ["--attention-backend", "triton", "--no-dllm-fdfo"]
+    return cmd + _common_flags(api_key, max_running_requests) + list(extra_args)
 
 
 def child_environment(base: dict | None = None) -> dict:

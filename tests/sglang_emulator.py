@@ -1,13 +1,24 @@
 """A CPU stand-in for the part of SGLang that drives a dLLM algorithm with separate context encoding.
 
-It reproduces what `inference/sglang/algorithms.py` relies on (sglang/srt/dllm and the scheduler's
-separate-context phases, 0.5.23): per round, a causal context pass over the tokens committed since the
-last one (EXTEND, last-row logits per request), then a canvas pass of `block_size` slots after them
-(DLLM_EXTEND, full logits, KV discarded); the returned tokens are appended to the output, cut at the
-first stop token or max_tokens, and become the next context pass's input. Forwards are the native
-engine's (`inference.runner`), with the canvas bidirectional or causal as the algorithm asks.
-Hybrid models behave like SGLang's gated-delta layers: a (causal) canvas forward absorbs the canvas
-into the request's recurrent state and leaves it there, unless the algorithm's state guard restores it.
+It follows SGLang 0.5.23 where `inference/sglang/algorithms.py` depends on it (checked against the
+wheel's source: `srt/dllm/mixin/scheduler.py`, `srt/dllm/mixin/req.py`, `srt/dllm/config.py`,
+`srt/managers/schedule_batch.py`, `srt/layers/attention/triton_backend.py`):
+
+- scheduling: at most `max_running_requests` requests are in the dLLM queue (SGLang's default for
+  dLLM algorithms is 1: one request at a time); each step is either an EXTEND batch of every queued
+  request that has tokens to encode (prompts and committed tokens: context passes), or, when none
+  has, a DLLM_EXTEND batch of all the others (canvases). A context pass can be cut short by the KV
+  budget (`extend_budget`), and is then continued by the next EXTEND batch;
+- attention, as the Triton backend computes it under the plugin's settings (CUDA graphs off,
+  chunked_prefill_size -1): an attention layer's `attn_type` decides, in EXTEND and DLLM_EXTEND
+  forwards alike; DECODER_BIDIRECTIONAL makes the forward's new tokens see each other both ways. The
+  type is whatever the last `set_attention` left (RadixAttention starts causal);
+- stops: `Req._check_token_based_finish` with SGLang's stop set (config.json and generation config
+  `eos_token_id`, the tokenizer's eos), then `max_new_tokens`;
+- hybrid models behave like SGLang's gated-delta layers: a (causal) canvas forward absorbs the
+  canvas into the request's recurrent state and leaves it there, unless the state guard restores it.
+
+Forwards are the native engine's (`inference.runner`), one KV cache per request. Canvas KV is dropped.
 """
 
 from __future__ import annotations
@@ -51,25 +62,35 @@ class EmulatedModelRunner:
     def __init__(self, loaded):
         self.loaded = loaded
         self.caches: dict[str, ModelRunner] = {}
-        self.bidirectional = True
+        self.bidirectional = False  # every layer's attn_type: RadixAttention is built DECODER
         self.forwards = 0
+        self.modes: list[tuple[str, bool]] = []  # (EXTEND | DLLM_EXTEND, bidirectional) per forward
 
     def cache(self, rid: str) -> ModelRunner:
         if rid not in self.caches:
-            sc = self.loaded.sidecar
-            runner = ModelRunner(self.loaded.model, banned=None, within_block_causal=sc.within_block_causal)
+            # Dense: the canvas mask comes from `bidirectional` alone, as in SGLang, never from the sidecar.
+            hybrid = self.loaded.hybrid
+            wbc = self.loaded.sidecar.within_block_causal if hybrid else False
+            runner = ModelRunner(self.loaded.model, banned=None, within_block_causal=wbc)
             runner.reset()
             self.caches[rid] = runner
         return self.caches[rid]
 
+    def _rows(self, cache: ModelRunner, tokens: list[int]) -> Rows:
+        if not self.bidirectional:
+            return Rows().clean(tokens, cache.length)
+        assert not cache.hybrid, "SGLang's gated-delta kernels have no bidirectional mode"
+        return Rows().canvas(tokens, cache.length)  # new tokens see the prefix and each other
+
     def forward(self, batch: Batch, pp_proxy_tensors=None):
         self.forwards += 1
-        if not batch.forward_mode.is_dllm_extend():
+        dllm = batch.forward_mode.is_dllm_extend()
+        self.modes.append(("DLLM_EXTEND" if dllm else "EXTEND", self.bidirectional))
+        if not dllm:
             last = []
             for rid, tokens in zip(batch.rids, batch.new_tokens):
                 cache = self.cache(rid)
-                logits = cache.forward(Rows().clean(tokens, cache.length), keep=len(tokens))
-                last.append(logits[-1])
+                last.append(cache.forward(self._rows(cache, tokens), keep=len(tokens))[-1])
             out = SimpleNamespace(next_token_logits=torch.stack(last), full_logits=None)
         else:
             B = batch.input_ids.numel() // batch.batch_size
@@ -78,23 +99,21 @@ class EmulatedModelRunner:
             for rid, canvas in zip(batch.rids, canvases):
                 cache = self.cache(rid)
                 if cache.hybrid:  # SGLang: token-causal canvas whose state is written to the request's slot
-                    assert not self.bidirectional, "SGLang's gated-delta kernels have no bidirectional canvas"
-                    rows.append(cache.forward(Rows().clean(canvas, cache.length), keep=len(canvas)))
+                    rows.append(cache.forward(self._rows(cache, canvas), keep=len(canvas)))
                     cache._crop_kv(len(canvas))  # the canvas KV is discarded, its recurrent state is not
                     cache.length -= len(canvas)
                     continue
-                r = Rows().canvas(canvas, cache.length) if self.bidirectional else Rows().clean(canvas, cache.length)
-                rows.append(cache.forward(r, keep=0))
+                rows.append(cache.forward(self._rows(cache, canvas), keep=0))
             out = SimpleNamespace(next_token_logits=None, full_logits=torch.cat(rows))
         return SimpleNamespace(logits_output=out, can_run_graph=False)
 
 
 class EmulatedAttention:
-    """The backend hooks: the emulated runner reads the flag the algorithm sets; the state guard
-    snapshots and restores each request's gated-delta states."""
+    """The backend hooks: `set_attention` sets the layers' attention type the runner reads; the state
+    guard snapshots and restores each request's gated-delta states."""
 
     @staticmethod
-    def canvas_attention(self, model_runner: EmulatedModelRunner, *, bidirectional: bool) -> None:
+    def set_attention(self, model_runner: EmulatedModelRunner, *, bidirectional: bool) -> None:
         model_runner.bidirectional = bidirectional
 
     @staticmethod
@@ -109,7 +128,7 @@ class EmulatedAttention:
 
 
 def emulated(cls: type[ShiftedCanvasAlgorithm], *, state_guard: bool = True) -> type[ShiftedCanvasAlgorithm]:
-    hooks = {"canvas_attention": EmulatedAttention.canvas_attention}
+    hooks = {"set_attention": EmulatedAttention.set_attention}
     if state_guard:
         hooks["recurrent_state_guard"] = EmulatedAttention.recurrent_state_guard
     return type(f"Emulated{cls.__name__}", (cls,), hooks)
@@ -124,46 +143,82 @@ def _sampling_info(params: list[SamplingParams], vocab: int) -> SimpleNamespace:
     )
 
 
-def serve(loaded, algorithm: ShiftedCanvasAlgorithm, prompts: list[list[int]], params: list[SamplingParams]):
-    """Decode every prompt in one batch, SGLang style. Returns (outputs without the stop token, forwards)."""
-    runner = EmulatedModelRunner(loaded)
-    B, vocab = algorithm.block_size, len(loaded.tokenizer)
-    rids = [f"req-{i}" for i in range(len(prompts))]
-    committed = [list(p) for p in prompts]
-    outputs: list[list[int]] = [[] for _ in prompts]
-    done = [False] * len(prompts)
-    while not all(done):
-        active = [i for i in range(len(prompts)) if not done[i]]
-        act_rids = [rids[i] for i in active]
-        info = _sampling_info([params[i] for i in active], vocab)
-        new = [committed[i][runner.cache(rids[i]).length :] for i in active]
-        context = Batch(
-            Mode(False),
-            torch.tensor([t for toks in new for t in toks]),
-            act_rids,
-            torch.tensor([len(committed[i]) for i in active]),
-            info,
-            new,
-        )
-        algorithm.run(runner, context)
-        canvas = Batch(
-            Mode(True),
-            torch.zeros(len(active) * B, dtype=torch.long),
-            act_rids,
-            torch.tensor([len(committed[i]) + B for i in active]),
-            info,
-        )
+def sglang_stop_ids(loaded) -> frozenset[int]:
+    """ModelConfig._get_hf_eos_token_id (config and generation config) plus the tokenizer's eos."""
+    ids: set[int] = set()
+    for source in (loaded.model.config, getattr(loaded.model, "generation_config", None)):
+        value = getattr(source, "eos_token_id", None)
+        ids |= {value} if isinstance(value, int) else set(value or ())
+    if loaded.tokenizer.eos_token_id is not None:
+        ids.add(int(loaded.tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+@dataclass
+class _Request:
+    rid: str
+    committed: list[int]
+    params: SamplingParams
+    output: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+def serve(
+    loaded,
+    algorithm: ShiftedCanvasAlgorithm,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    *,
+    max_running_requests: int = 1,
+    extend_budget: int | None = None,
+    runner: EmulatedModelRunner | None = None,
+):
+    """Decode the prompts (queued in order), SGLang style. Returns (outputs without the stop token, forwards)."""
+    runner = runner or EmulatedModelRunner(loaded)
+    B, vocab, stops = algorithm.block_size, len(loaded.tokenizer), sglang_stop_ids(loaded)
+    base = len(runner.caches)
+    waiting = [_Request(f"req-{base + i}", list(p), q) for i, (p, q) in enumerate(zip(prompts, params))]
+    requests, running = list(waiting), []
+    while waiting or running:
+        while waiting and len(running) < max_running_requests:
+            running.append(waiting.pop(0))
+        prefill = [r for r in running if runner.cache(r.rid).length < len(r.committed)]
+        if prefill:
+            _context_batch(runner, algorithm, prefill, vocab, extend_budget)
+            continue
+        info = _sampling_info([r.params for r in running], vocab)
+        lens = torch.tensor([len(r.committed) + B for r in running])
+        ids = torch.zeros(len(running) * B, dtype=torch.long)  # SGLang fills the canvas with 0; the algorithm writes it
+        canvas = Batch(Mode(True), ids, [r.rid for r in running], lens, info)
         _, tokens, *_ = algorithm.run(runner, canvas)
-        for i, toks in zip(active, tokens):
+        for r, toks in zip(running, tokens):
             toks = toks.tolist()
             assert 1 <= len(toks) <= B, "a round commits between 1 and block_size tokens"
-            room = params[i].max_tokens - len(outputs[i])
-            stop = next((j for j, t in enumerate(toks) if t in loaded.stop_ids), None)
+            room = r.params.max_tokens - len(r.output)
+            stop = next((j for j, t in enumerate(toks) if t in stops), None)
             if stop is not None and stop < room:
-                outputs[i] += toks[:stop]
-                done[i] = True
+                r.output += toks[:stop]
+                r.done = True
             else:
-                outputs[i] += toks[:room]
-                done[i] = len(toks) >= room
-            committed[i] += toks
-    return outputs, runner.forwards
+                r.output += toks[:room]
+                r.done = len(toks) >= room
+            r.committed += toks
+        running = [r for r in running if not r.done]
+    return [r.output for r in requests], runner.forwards
+
+
+def _context_batch(runner, algorithm, prefill, vocab: int, budget: int | None) -> None:
+    """One EXTEND batch; the KV budget may leave a request's context, or the request, for the next one."""
+    picked, slices, left = [], [], budget
+    for r in prefill:
+        start = runner.cache(r.rid).length
+        take = len(r.committed) - start if left is None else min(len(r.committed) - start, left)
+        if take <= 0:
+            break
+        picked.append(r)
+        slices.append(r.committed[start : start + take])
+        left = None if left is None else left - take
+    lens = torch.tensor([runner.cache(r.rid).length + len(s) for r, s in zip(picked, slices)])
+    info = _sampling_info([r.params for r in picked], vocab)
+    ids = torch.tensor([t for s in slices for t in s])
+    algorithm.run(runner, Batch(Mode(False), ids, [r.rid for r in picked], lens, info, slices))

@@ -43,24 +43,42 @@ def _settings(loaded, algorithm, block_size=4, **kw) -> DecodeSettings:
 
 @pytest.mark.parametrize("threshold", [0.0, 0.5, 1.1])
 def test_diffusion_equals_native_unfused(loaded, threshold):
+    """One server, requests one after another (SGLang's dLLM default): each later request's prompt
+    and every context pass come after canvases, and must still be encoded causally."""
     algo = emulated(ShiftedDiffusion)(_settings(loaded, DIFFUSION, threshold=threshold))
     native = Engine(loaded, DecodeConfig(mode="diffusion", threshold=threshold, fuse_commit=False))
     params = SamplingParams(max_tokens=20)
-    for ids in _prompts(loaded.tokenizer, 6):
-        ref = native.generate(ids, params)
-        (got,), forwards = serve(loaded, algo, [ids], [params])
-        assert got == ref.tokens
-        assert forwards == ref.stats.forwards
+    prompts = _prompts(loaded.tokenizer, 6)
+    refs = [native.generate(ids, params) for ids in prompts]
+    got, forwards = serve(loaded, algo, prompts, [params] * len(prompts))
+    assert got == [r.tokens for r in refs]
+    assert forwards == sum(r.stats.forwards for r in refs)
 
 
-def test_diffusion_batched_equals_one_by_one(loaded):
+@pytest.mark.parametrize(("max_running", "budget"), [(5, None), (2, 5)])
+def test_diffusion_batched_equals_one_by_one(loaded, max_running, budget):
+    """Batched canvases, requests joining between rounds, context passes cut by the KV budget."""
     algo = emulated(ShiftedDiffusion)(_settings(loaded, DIFFUSION, threshold=0.5))
     prompts = _prompts(loaded.tokenizer, 5, seed=1)
     params = [SamplingParams(max_tokens=m) for m in (5, 20, 9, 16, 20)]
-    batched, _ = serve(loaded, algo, prompts, params)
+    batched, _ = serve(loaded, algo, prompts, params, max_running_requests=max_running, extend_budget=budget)
     single = [serve(loaded, algo, [p], [q])[0][0] for p, q in zip(prompts, params)]
     assert batched == single
     assert all(len(o) <= q.max_tokens for o, q in zip(batched, params))
+
+
+@pytest.mark.parametrize("cls", [ShiftedDiffusion, SelfSpec])
+def test_every_forward_sets_its_attention(loaded, cls):
+    """SGLang's Triton backend honours a bidirectional layer in ordinary EXTEND forwards too (under the
+    plugin's settings), so nothing may be inherited from the previous forward: context passes and
+    prompts causal, drafts bidirectional (default checkpoints), verifies causal."""
+    algo = emulated(cls)(_settings(loaded, DIFFUSION if cls is ShiftedDiffusion else SELF_SPEC))
+    runner = EmulatedModelRunner(loaded)
+    prompts = _prompts(loaded.tokenizer, 3, seed=5)
+    serve(loaded, algo, prompts, [SamplingParams(max_tokens=12)] * 3, max_running_requests=2, runner=runner)
+    assert not any(bi for mode, bi in runner.modes if mode == "EXTEND")
+    canvases = [bi for mode, bi in runner.modes if mode == "DLLM_EXTEND"]
+    assert canvases and (all(canvases) if cls is ShiftedDiffusion else canvases == [True, False] * (len(canvases) // 2))
 
 
 @pytest.mark.parametrize("draft_len", [2, 4])
@@ -69,7 +87,7 @@ def test_greedy_self_spec_equals_greedy_causal(loaded, draft_len):
     causal = Engine(loaded, DecodeConfig(mode="causal"))
     prompts = _prompts(loaded.tokenizer, 8, seed=2)
     params = [SamplingParams(max_tokens=m) for m in (24, 7, 24, 13, 24, 3, 24, 24)]
-    got, forwards = serve(loaded, algo, prompts, params)
+    got, forwards = serve(loaded, algo, prompts, params, max_running_requests=len(prompts))
     want = [causal.generate(p, q).tokens for p, q in zip(prompts, params)]
     assert got == want
     assert forwards < sum(len(w) + 1 for w in want), "batched self-spec spends fewer forwards than causal"
@@ -79,7 +97,7 @@ def test_sampled_self_spec_is_seeded_by_request_and_valid(loaded):
     algo = emulated(SelfSpec)(_settings(loaded, SELF_SPEC))
     prompts = _prompts(loaded.tokenizer, 3, seed=4)
     params = [SamplingParams(temperature=1.0, top_k=20, top_p=0.9, max_tokens=12)] * 3
-    first, _ = serve(loaded, emulated(SelfSpec)(_settings(loaded, SELF_SPEC)), prompts, params)
+    first, _ = serve(loaded, emulated(SelfSpec)(_settings(loaded, SELF_SPEC)), prompts, params, max_running_requests=3)
     again, _ = serve(loaded, algo, prompts, params)
     assert first == again, "each request's generator is seeded from its id: every TP rank draws alike"
     for out in first:

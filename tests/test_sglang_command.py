@@ -95,6 +95,13 @@ def test_extra_args_go_last_and_api_key_before_them(tmp_path):
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
 
 
+def test_max_running_requests_is_passed_on(tmp_path):
+    """SGLang runs dLLM requests one at a time unless told (DllmConfig: max_running_requests or 1)."""
+    cmd = build_sglang_command("m", family="sdar", algo_config_path=tmp_path, max_running_requests=8, extra_args=["-x"])
+    assert cmd[-3:] == ["--max-running-requests", "8", "-x"]
+    assert "--max-running-requests" not in build_sglang_command("m", family="sdar", algo_config_path=tmp_path)
+
+
 def test_no_api_key_flag_without_a_key(tmp_path):
     assert "--api-key" not in build_sglang_command("m", family="sdar", algo_config_path=tmp_path)
 

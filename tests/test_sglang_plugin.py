@@ -59,6 +59,7 @@ def test_dry_run_builds_the_launcher_command_and_settings(ckpt, capsys, mode, al
     assert cmd[cmd.index("--model-path") + 1] == str(ckpt) and cmd[cmd.index("--port") + 1] == "8123"
     assert cmd[cmd.index("--dllm-algorithm") + 1] == algorithm
     assert cmd[cmd.index("--attention-backend") + 1] == "triton"
+    assert "--no-dllm-fdfo" in cmd, "SGLang 0.5.23 turns FDFO on by default"
     assert cmd[-2:] == ["--tp", "2"]
     settings = DecodeSettings.from_dict(yaml.safe_load(open(cmd[cmd.index("--dllm-algorithm-config") + 1])))
     loaded = load_checkpoint(ckpt)
@@ -149,6 +150,23 @@ def test_mamba_state_guard_restores_the_batch_slots_only():
         pass
 
 
+def test_mamba_state_guard_translates_unified_memory_slots():
+    # --enable-unified-memory: get_mamba_indices gives virtual ids, translate_mamba_indices the physical ones
+    temporal = torch.randn(1, 4, 2)
+    cache = SimpleNamespace(conv=[torch.zeros(1, 4, 2)], temporal=temporal)
+    v2p = torch.tensor([2, 3, 0, 1])
+    pool = SimpleNamespace(
+        mamba_pool=SimpleNamespace(mamba_cache=cache),
+        get_mamba_indices=lambda req_idx: req_idx,
+        translate_mamba_indices=lambda virtual: v2p[virtual],
+    )
+    before, runner = temporal.clone(), SimpleNamespace(req_to_token_pool=pool)
+    with plugin.mamba_state_guard(None, runner, SimpleNamespace(req_pool_indices=torch.tensor([0]))):
+        temporal.add_(1.0)
+    torch.testing.assert_close(temporal[:, 2], before[:, 2])  # the request's physical slot is restored
+    torch.testing.assert_close(temporal[:, 0], before[:, 0] + 1.0)
+
+
 class StandInDllmConfig:
     """DllmConfig's constructor signature (0.5.23)."""
 
@@ -203,7 +221,7 @@ def test_registered_class_decodes_like_causal(ckpt):
     settings = bdstack_settings(ckpt, "self-spec")
     decided = []
     cls = plugin.make_algorithm_class(
-        SELF_SPEC, StandInAlgorithmBase, EmulatedAttention.canvas_attention, lambda c, a: decided.append(c)
+        SELF_SPEC, StandInAlgorithmBase, EmulatedAttention.set_attention, lambda c, a: decided.append(c)
     )
     assert cls.__name__ == SELF_SPEC and cls.requires_separate_context_encoding
     assert cls.required_attention_backend == "triton"
@@ -214,12 +232,12 @@ def test_registered_class_decodes_like_causal(ckpt):
     algo = type("Emulated", (cls,), {"recurrent_state_guard": EmulatedAttention.recurrent_state_guard})(config)
     prompts = _prompts(loaded.tokenizer, 4, seed=7)
     params = [SamplingParams(max_tokens=16)] * 4
-    got, _ = emulate(loaded, algo, prompts, params)
+    got, _ = emulate(loaded, algo, prompts, params, max_running_requests=4)
     causal = Engine(loaded, DecodeConfig(mode="causal"))
     assert got == [causal.generate(p, q).tokens for p, q in zip(prompts, params)]
 
 
-def test_canvas_attention_switch_flips_every_attention_layer():
+def test_attention_switch_sets_every_attention_layer():
     class AttentionType(enum.Enum):
         DECODER = "decoder"
         DECODER_BIDIRECTIONAL = "decoder_bidirectional"
@@ -233,7 +251,7 @@ def test_canvas_attention_switch_flips_every_attention_layer():
     head = LogitsProcessor()
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), RadixAttention(), torch.nn.Sequential(RadixAttention()), head)
     holder = SimpleNamespace()
-    switch = plugin.canvas_attention_switch(RadixAttention, AttentionType)
+    switch = plugin.attention_switch(RadixAttention, AttentionType)
     switch(holder, SimpleNamespace(model=model), bidirectional=True)
     assert head.return_full_logits, "canvas forwards need every row's logits"
     kinds = [m.attn_type for m in model.modules() if isinstance(m, RadixAttention)]
@@ -253,15 +271,41 @@ def test_unsupported_request_features_are_named():
     assert plugin.unsupported_request(req(temperature=0.7, top_p=0.9, repetition_penalty=1.0)) is None
     error = plugin.unsupported_request(req(True, repetition_penalty=1.2, regex="a+", logit_bias={"1": 2}))
     assert "repetition_penalty" in error and "regex" in error and "logit_bias" in error and "logprobs" in error
+    # What SGLang's own dLLM algorithms also refuse (Gemma4Renoise.validate_request, 0.5.23)
+    r = req(sampling_seed=7)
+    r.logprob, r.custom_logit_processor = SimpleNamespace(top_logprobs_num=3, token_ids_logprob=None), "f"
+    error = plugin.unsupported_request(r)
+    assert "sampling_seed" in error and "top_logprobs_num" in error and "custom_logit_processor" in error
 
 
 def test_server_arg_decisions():
-    assert plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=False, device="cuda")) == {
-        "disable_radix_cache": True,
-        "chunked_prefill_size": -1,
-    }
-    with pytest.raises(plugin.PluginError, match="fdfo"):
-        plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=True, device="cuda"))
+    fixed = {"disable_radix_cache": True, "chunked_prefill_size": -1}
+    assert plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=False, device="cuda")) == fixed
+    # SGLang 0.5.23's default (exec_.py: dllm_fdfo = True), e.g. under stock `sglang serve`
+    assert plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=True, device=None)) == fixed | {"dllm_fdfo": False}
+    with pytest.raises(plugin.PluginError, match="CUDA"):
+        plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=False, device="cpu"))
+
+
+def test_end_of_turn_must_be_an_sglang_stop(ckpt, tmp_path, monkeypatch):
+    """The algorithms report a filler as end-of-turn; SGLang stops only at its own stop set."""
+    from inference import sglang_launch
+    from inference.sglang_launch import sglang_stop_ids
+
+    changed = tmp_path / "ckpt"
+    changed.mkdir()
+    for f in ckpt.iterdir():
+        if f.is_file():
+            (changed / f.name).write_bytes(f.read_bytes())
+    settings = bdstack_settings(changed, "diffusion")
+    tokenizer = SimpleNamespace(eos_token_id=settings.filler_id)  # an eos that is not end-of-turn
+    (changed / "generation_config.json").write_text(json.dumps({"eos_token_id": [settings.end_of_turn_id, 7]}))
+    assert sglang_stop_ids(changed, tokenizer) >= {settings.end_of_turn_id, 7, settings.filler_id}
+    (changed / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    assert settings.end_of_turn_id not in sglang_stop_ids(changed, tokenizer)
+    monkeypatch.setattr(sglang_launch, "sglang_stop_ids", lambda model_dir, tok: frozenset({7}))
+    with pytest.raises(ValueError, match="would not stop at end-of-turn"):
+        bdstack_settings(changed, "diffusion")
 
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("sglang") is not None, reason="SGLang is installed here")

@@ -12,8 +12,12 @@ algo_states)`. With `requires_separate_context_encoding` it alternates two kinds
 tokens and max_tokens, and encodes them in the next context pass. This module never imports SGLang:
 it touches `forward_batch.{forward_mode, input_ids, batch_size, rids, seq_lens, sampling_info}` and
 `model_runner.forward(...)` only, so CPU tests drive it with the native engine's forwards. The one
-backend-specific hook, `canvas_attention`, switches the canvas between bidirectional (drafts) and
-causal (self-spec verify); `plugin.py` implements it for SGLang's Triton attention backend.
+backend-specific hook, `set_attention`, makes the next forward causal or bidirectional; `plugin.py`
+implements it for SGLang's Triton attention backend. Every forward sets it first (context passes and
+verifies causal, drafts as the checkpoint's `within_block_causal` says): under the plugin's settings
+(no CUDA graphs, no chunked prefill) that backend also makes ordinary EXTEND forwards bidirectional for
+layers left bidirectional, so an attention type inherited from the last canvas would corrupt the
+committed tokens' KV and the next request's prompt.
 
 Semantics match the native engine with `fuse_commit=False`: the seed (slot 0) is the AR token from
 the context pass, row j of a canvas predicts slot j + 1, commits follow `decode_rules`. Self-spec
@@ -74,8 +78,8 @@ class ShiftedCanvasAlgorithm:
         self._generators: OrderedDict[str, torch.Generator] = OrderedDict()
 
     # -- the hooks a backend implements ---------------------------------------------------------
-    def canvas_attention(self, model_runner, *, bidirectional: bool) -> None:
-        """Make the next canvas forward bidirectional within the canvas (drafts) or causal (verify)."""
+    def set_attention(self, model_runner, *, bidirectional: bool) -> None:
+        """Make the next forward bidirectional within its new tokens, or causal."""
         raise NotImplementedError
 
     def recurrent_state_guard(self, model_runner, forward_batch):
@@ -91,17 +95,18 @@ class ShiftedCanvasAlgorithm:
         tokens, last = self._canvas_pass(model_runner, forward_batch)
         return (last.logits_output if last else None), tokens, None, None, bool(last and last.can_run_graph)
 
-    def _forward(self, model_runner, forward_batch):
+    def _forward(self, model_runner, forward_batch, *, bidirectional: bool):
+        self.set_attention(model_runner, bidirectional=bidirectional)
         return model_runner.forward(forward_batch, pp_proxy_tensors=None)
 
-    def _canvas_forward(self, model_runner, forward_batch):
+    def _canvas_forward(self, model_runner, forward_batch, *, bidirectional: bool):
         with self.recurrent_state_guard(model_runner, forward_batch):
-            return self._forward(model_runner, forward_batch)
+            return self._forward(model_runner, forward_batch, bidirectional=bidirectional)
 
     def _context_pass(self, model_runner, forward_batch):
         if forward_batch.input_ids.numel() == 0:
             return None, [], None, None, False
-        out = self._forward(model_runner, forward_batch)
+        out = self._forward(model_runner, forward_batch, bidirectional=False)  # the clean stream is causal
         logits = out.logits_output.next_token_logits  # [bs, V]: each request's last row
         lengths = _as_list(forward_batch.seq_lens)
         for i, rid in enumerate(forward_batch.rids):
@@ -163,12 +168,11 @@ class ShiftedDiffusion(ShiftedCanvasAlgorithm):
         seeds = self._take_seeds(forward_batch)
         canvases = [[seed] + [mask] * (B - 1) for seed in seeds]
         masked = [[False] + [True] * (B - 1) for _ in seeds]
-        self.canvas_attention(model_runner, bidirectional=self.draft_bidirectional)
         params: list[SamplingParams] | None = None
         steps, out = 0, None
         while not all(block_decided(c, m, self.stop_ids) for c, m in zip(canvases, masked)):
             forward_batch.input_ids.copy_(torch.tensor(canvases, dtype=forward_batch.input_ids.dtype).view(-1))
-            out = self._canvas_forward(model_runner, forward_batch)
+            out = self._canvas_forward(model_runner, forward_batch, bidirectional=self.draft_bidirectional)
             logits = out.logits_output.full_logits.view(bs, B, -1)
             params = params or self._params(forward_batch, logits.shape[-1])
             steps += 1
@@ -204,8 +208,8 @@ class SelfSpec(ShiftedCanvasAlgorithm):
         if all(s in self.stop_ids for s in seeds):  # every answer ends at its seed: no drafts needed
             return [self._emit([s], ids.device) for s in seeds], None
         ids.copy_(torch.tensor([[s] + [mask] * (N - 1) for s in seeds], dtype=ids.dtype).view(-1))
-        self.canvas_attention(model_runner, bidirectional=self.draft_bidirectional)
-        logits = self._canvas_forward(model_runner, forward_batch).logits_output.full_logits.view(bs, N, -1)
+        drafted = self._canvas_forward(model_runner, forward_batch, bidirectional=self.draft_bidirectional)
+        logits = drafted.logits_output.full_logits.view(bs, N, -1)
         params = self._params(forward_batch, logits.shape[-1])
         drafts, q = [], []
         for i, rid in enumerate(forward_batch.rids):
@@ -213,11 +217,7 @@ class SelfSpec(ShiftedCanvasAlgorithm):
             drafts.append(d.cpu())
             q.append(qi.cpu())
         ids.copy_(torch.stack([torch.cat([torch.tensor([s]), d]) for s, d in zip(seeds, drafts)]).to(ids).view(-1))
-        self.canvas_attention(model_runner, bidirectional=False)
-        try:
-            last = self._canvas_forward(model_runner, forward_batch)
-        finally:
-            self.canvas_attention(model_runner, bidirectional=self.draft_bidirectional)
+        last = self._canvas_forward(model_runner, forward_batch, bidirectional=False)
         verify = last.logits_output.full_logits.view(bs, N, -1)
         out = []
         for i, rid in enumerate(forward_batch.rids):

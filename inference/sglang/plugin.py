@@ -9,10 +9,12 @@ their stock architecture (e.g. Qwen3ForCausalLM), so `register()`:
 2. wraps `DllmConfig.from_server_args`: for our algorithms the block size and mask id come from the
    `--dllm-algorithm-config` YAML (`settings.py`), checked against the checkpoint's
    `block_diffusion.json`; every other algorithm goes to SGLang's own code unchanged;
-3. gives the algorithms their canvas attention switch: SGLang's Triton backend makes a DLLM_EXTEND
-   forward bidirectional for attention layers whose `attn_type` is DECODER_BIDIRECTIONAL, causal
-   otherwise, while ordinary EXTEND forwards (our commits) stay causal either way; the first call
-   also makes the model's LogitsProcessor return every canvas row's logits (`return_full_logits`).
+3. gives the algorithms their attention switch (`set_attention`): SGLang's Triton backend makes a
+   forward bidirectional within its new tokens for attention layers whose `attn_type` is
+   DECODER_BIDIRECTIONAL, causal otherwise. That holds for DLLM_EXTEND (canvases) and, with CUDA
+   graphs off and no chunked prefill (our settings), for ordinary EXTEND (context passes, prompts)
+   too, so the algorithms set the type before every forward; the first call also makes the model's
+   LogitsProcessor return every canvas row's logits (`return_full_logits`).
 
 `launch.py` calls `register()` at import, so it runs in the launcher and in every process SGLang
 spawns (spawned children re-import the main module). The pieces below take SGLang's classes as
@@ -113,10 +115,10 @@ def wrap_config_factory(original, dllm_config_cls, resolving_view):
     return from_server_args
 
 
-def canvas_attention_switch(radix_attention_cls, attention_type):
-    """The `canvas_attention` hook: flip `attn_type` on every attention layer of the served model."""
+def attention_switch(radix_attention_cls, attention_type):
+    """The `set_attention` hook: set `attn_type` on every attention layer of the served model."""
 
-    def canvas_attention(self, model_runner, *, bidirectional: bool) -> None:
+    def set_attention(self, model_runner, *, bidirectional: bool) -> None:
         layers = getattr(self, "_attention_layers", None)
         if layers is None:
             modules = list(model_runner.model.modules())
@@ -135,7 +137,7 @@ def canvas_attention_switch(radix_attention_cls, attention_type):
         for layer in layers:
             layer.attn_type = kind
 
-    return canvas_attention
+    return set_attention
 
 
 @contextlib.contextmanager
@@ -147,7 +149,11 @@ def mamba_state_guard(self, model_runner, forward_batch):
     if pool is None:  # a dense model
         yield
         return
-    slots = model_runner.req_to_token_pool.get_mamba_indices(forward_batch.req_pool_indices)
+    owner = model_runner.req_to_token_pool
+    slots = owner.get_mamba_indices(forward_batch.req_pool_indices)
+    # With --enable-unified-memory the request's slot ids are virtual; the cache is indexed physically.
+    translate = getattr(owner, "translate_mamba_indices", None)
+    slots = translate(slots) if translate is not None else slots
     cache = pool.mamba_cache
     conv = [c[:, slots].clone() for c in cache.conv]
     temporal = cache.temporal[:, slots].clone()
@@ -159,7 +165,7 @@ def mamba_state_guard(self, model_runner, forward_batch):
         cache.temporal[:, slots] = temporal
 
 
-def make_algorithm_class(name: str, base_cls, canvas_attention, configure):
+def make_algorithm_class(name: str, base_cls, set_attention, configure):
     """An SGLang algorithm class: our core first in the MRO (its `run`), SGLang's base for the rest."""
     core = CORES[name]
 
@@ -178,7 +184,7 @@ def make_algorithm_class(name: str, base_cls, canvas_attention, configure):
             "supported_attention_backends": ("triton",),
             "reuse_forward_metadata": False,
             "capture_input_preparation": False,
-            "canvas_attention": canvas_attention,
+            "set_attention": set_attention,
             "recurrent_state_guard": mamba_state_guard,
             "configure_server_args": classmethod(configure),
             "validate_request": classmethod(lambda cls, req: unsupported_request(req)),
@@ -198,8 +204,12 @@ def unsupported_request(req) -> str | None:
     }
     bad = [name for name, default in defaults.items() if getattr(sp, name, default) != default]
     bad += [name for name in ("json_schema", "regex", "ebnf", "structural_tag") if getattr(sp, name, None) is not None]
+    bad += ["sampling_seed"] if getattr(sp, "sampling_seed", None) is not None else []  # ours: from the rid
     bad += ["logit_bias"] if getattr(sp, "logit_bias", None) else []
     bad += ["logprobs"] if getattr(req, "return_logprob", False) else []
+    logprob = getattr(req, "logprob", None)
+    bad += [name for name in ("top_logprobs_num", "token_ids_logprob") if getattr(logprob, name, None)]
+    bad += ["custom_logit_processor"] if getattr(req, "custom_logit_processor", None) else []
     if not bad:
         return None
     return f"bdstack's diffusion/self-spec algorithms do not support {', '.join(bad)}; use --mode causal for these"
@@ -207,15 +217,18 @@ def unsupported_request(req) -> str | None:
 
 def server_arg_decisions(view) -> dict:
     """Launch-time constraints: no radix cache (canvas tokens are not reusable KV), no chunked
-    prefill (the seed is the context's last row), no CUDA graphs (the canvas attention flips per
-    forward), no first-done-first-out rounds (each round commits its tokens)."""
-    if getattr(view, "dllm_fdfo", False):
-        raise PluginError("--dllm-fdfo is not supported by the bdstack algorithms")
+    prefill (the seed is the context's last row), no CUDA graphs (the attention type changes per
+    forward), no first-done-first-out rounds (each round commits its tokens). SGLang turns FDFO on by
+    default; our DllmConfig never uses it, and the resolved flag is set off to say so."""
     if getattr(view, "enable_linear_replayssm", False):
         raise PluginError("--enable-linear-replayssm is not supported by the bdstack algorithms (state snapshots)")
     if getattr(view, "device", "cuda") not in ("cuda", None):
         raise PluginError("the bdstack SGLang algorithms run on CUDA; use the native engine elsewhere")
-    return {"disable_radix_cache": True, "chunked_prefill_size": -1}
+    decisions = {"disable_radix_cache": True, "chunked_prefill_size": -1}
+    if getattr(view, "dllm_fdfo", False):
+        logger.warning("--dllm-fdfo is ignored: the bdstack algorithms commit every round (--no-dllm-fdfo)")
+        decisions["dllm_fdfo"] = False
+    return decisions
 
 
 # -- the SGLang side -----------------------------------------------------------------------------
@@ -251,7 +264,7 @@ def register() -> None:
         graphs = with_phase(graphs, Phase.DECODE, backend=Backend.DISABLED)
         declare_resolution(server_args, cls.__name__, cuda_graph_config=graphs, **server_arg_decisions(view))
 
-    switch = canvas_attention_switch(RadixAttention, AttentionType)
+    switch = attention_switch(RadixAttention, AttentionType)
     for name in CORES:
         algorithm_table.algo_name_to_cls[name] = make_algorithm_class(name, DllmAlgorithm, switch, configure)
     if not getattr(DllmConfig.from_server_args, "bdstack", False):

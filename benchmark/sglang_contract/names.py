@@ -1,0 +1,109 @@
+"""SGLang names our plugin and algorithms use at run time, read from the wheel's source (no import).
+
+These live in modules the contract environment cannot import on CPU (GPU model execution), or in the
+launcher's entry module; `check.py` verifies each name is defined where we assume it is.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+# (file under sglang/, class or "Class.method" or None for module level) -> names it must define
+SOURCE_NAMES: dict[tuple[str, str | None], tuple[str, ...]] = {
+    # algorithms.py: the batch a run() receives, and what model_runner.forward returns
+    ("srt/model_executor/forward_batch_info.py", "ForwardBatch"): (
+        "forward_mode",
+        "input_ids",
+        "batch_size",
+        "rids",
+        "seq_lens",
+        "sampling_info",
+        "req_pool_indices",
+    ),
+    ("srt/model_executor/forward_batch_info.py", "ForwardMode"): ("EXTEND", "DLLM_EXTEND", "is_dllm_extend"),
+    ("srt/model_executor/model_runner.py", "ModelRunner.forward"): ("forward_batch", "pp_proxy_tensors"),
+    ("srt/model_executor/model_runner.py", "ModelRunner"): ("model", "req_to_token_pool"),
+    ("srt/model_executor/model_runner.py", "ModelRunnerOutput"): ("logits_output", "can_run_graph"),
+    ("srt/layers/logits_processor.py", "LogitsProcessorOutput"): ("next_token_logits", "full_logits"),
+    ("srt/layers/logits_processor.py", "LogitsProcessor"): ("return_full_logits",),
+    ("srt/sampling/sampling_batch_info.py", "SamplingBatchInfo"): ("temperatures", "top_ps", "top_ks"),
+    # plugin.py: the attention switch, and the premise that makes it per forward (defect 2 of issue 12)
+    ("srt/layers/radix_attention.py", "RadixAttention"): ("attn_type",),
+    ("srt/layers/radix_attention.py", "AttentionType"): ("DECODER", "DECODER_BIDIRECTIONAL"),
+    ("srt/layers/attention/triton_backend.py", "TritonAttnBackend"): (
+        "allow_bidirectional_attention_in_extend",
+        "forward_extend",
+    ),
+    # plugin.mamba_state_guard
+    ("srt/mem_cache/memory_pool.py", "HybridReqToTokenPool"): (
+        "mamba_pool",
+        "get_mamba_indices",
+        "translate_mamba_indices",
+    ),
+    ("srt/mem_cache/memory_pool.py", "MambaPool"): ("mamba_cache",),
+    ("srt/mem_cache/memory_pool.py", "State"): ("conv", "temporal"),
+    # plugin.unsupported_request (SGLang's validate_request receives a Req)
+    ("srt/managers/schedule_batch.py", "Req"): (
+        "sampling_params",
+        "return_logprob",
+        "logprob",
+        "custom_logit_processor",
+    ),
+    ("srt/managers/schedule_batch.py", "ReqLogprob"): ("top_logprobs_num", "token_ids_logprob"),
+    ("srt/sampling/sampling_params.py", "SamplingParams"): (
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_new_tokens",
+        "min_p",
+        "sampling_seed",
+        "logit_bias",
+        "json_schema",
+        "regex",
+        "ebnf",
+        "structural_tag",
+    ),
+    # launch.py
+    ("launch_server.py", None): ("run_server", "load_plugins", "prepare_server_args", "kill_process_tree"),
+}
+
+
+def class_names(path: Path, target: str | None) -> set[str]:
+    """What `target` defines in `path`: a class's body names and `self.X` assignments, a method's
+    parameters, or (None) the module's top-level definitions and imports."""
+    tree = ast.parse(Path(path).read_text())
+    if target is None:
+        return _body_names(tree.body)
+    cls_name, _, method = target.partition(".")
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ClassDef) and node.name == cls_name):
+            continue
+        if method:
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == method:
+                    args = item.args
+                    found |= {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+            continue
+        found |= _body_names(node.body)
+        for sub in ast.walk(node):
+            targets = sub.targets if isinstance(sub, ast.Assign) else [getattr(sub, "target", None)]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    found.add(t.attr)
+    return found
+
+
+def _body_names(body) -> set[str]:
+    names: set[str] = set()
+    for item in body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(item.name)
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            names.add(item.target.id)
+        elif isinstance(item, ast.Assign):
+            names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+        elif isinstance(item, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in item.names}
+    return names

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# `make sglang-contract`: bdstack's SGLang commands, plugin and presets against SGLang 0.5.23's own code,
+# on CPU. Builds .venv-sglang once (80 s measured on 2 cores with pip's cache warm; cold, add the
+# download of torch CPU and triton, ~480 MB; ~1.6 GB installed), then about 10 s a run.
+# See inference/sglang/README.md ("Verified where").
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+VENV=${SGLANG_CONTRACT_VENV:-.venv-sglang}
+WORK=${SGLANG_CONTRACT_WORK:-runs/sglang-contract}
+HERE=benchmark/sglang_contract
+STAMP=$VENV/.contract-installed
+
+if [ ! -f "$STAMP" ] || [ "$HERE/requirements.txt" -nt "$STAMP" ]; then
+    python3 -m venv "$VENV"
+    # SGLang pins a CUDA torch; the pin below keeps every later install on the CPU build.
+    constraints=$(mktemp)
+    echo "torch==2.13.0" >"$constraints"
+    PIP_CONSTRAINT=$constraints "$VENV/bin/pip" install --quiet torch==2.13.0
+    "$VENV/bin/pip" install --quiet --no-deps sglang==0.5.23
+    PIP_CONSTRAINT=$constraints "$VENV/bin/pip" install --quiet -r "$HERE/requirements.txt"
+    rm -f "$constraints"
+    touch "$STAMP"
+fi
+
+rm -rf "$WORK"
+mkdir -p "$WORK"
+# serve.py writes each command's settings YAML under $TMPDIR: keep them with the rest of the run.
+TMPDIR=$PWD/$WORK OMP_NUM_THREADS=1 .venv/bin/python -m benchmark.sglang_contract.commands "$WORK"
+OMP_NUM_THREADS=1 "$VENV/bin/python" "$HERE/check.py" "$WORK"
