@@ -1,6 +1,6 @@
 # bdstack: `make demo` runs the main job on an embedded default, `make test` runs lint + tests.
 # Both create .venv and install into it (torch pinned to 2.13.0, installed first so no other package
-# pulls a CUDA build).
+# pulls a CUDA build), then bdstack itself, editable (its packages and the bdstack-* commands).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,10 +14,11 @@ SMOKE_DIR ?= runs/smollm2
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet torch==2.13.0
 	$(VENV)/bin/pip install --quiet -r requirements-dev.txt
+	$(VENV)/bin/pip install --quiet --no-deps -e .
 	@touch $@
 
 lint: venv

@@ -21,10 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from inference.eval_tasks import TASKS, Problem, load_problems  # noqa: E402
+from inference.eval_tasks import TASKS, Problem, load_problems
 
 
 def ask(client, model, problem: Problem, args) -> dict:

@@ -21,12 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: the repository, not inference/, comes first on the path
-    # (inference/ on the path would let `import sglang` find our inference/sglang package)
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
-
-NATIVE_MODES = ("causal", "diffusion", "self-spec")
-SGLANG_FAMILIES = ("sdar", "llada2-0", "llada2-1-speed", "llada2-1-quality")
+from bdcore.decode.config import MODES as NATIVE_MODES
+from inference.sglang_backend.command import FAMILIES as SGLANG_FAMILIES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--no-fuse-commit", action="store_true", help="diffusion: unfused commit and prefill forwards")
     n.add_argument("--max-tokens", type=int, default=512, help="default max_tokens when a request gives none")
     n.add_argument(
-        "--max-batch", type=int, default=8, help="requests decoded together (dense models; default 8, 1: one at a time)"
+        "--max-batch",
+        type=int,
+        default=8,
+        help="requests decoded together (default 8; 1: one at a time); with --backend sglang it becomes "
+        "--max-running-requests for the dLLM modes and families",
     )
     s = p.add_argument_group("SGLang backend")
     s.add_argument(
@@ -101,17 +101,19 @@ def pick_backend(backend: str, mode: str, sglang_python: str | None = None) -> s
         return backend
     import torch
 
-    from inference.sglang_launch import SGLANG_PYTHON_ENV
+    from inference.sglang_backend.command import SGLANG_PYTHON_ENV
 
     has_sglang = sglang_python or os.environ.get(SGLANG_PYTHON_ENV) or importlib.util.find_spec("sglang")
     return "sglang" if has_sglang and torch.cuda.is_available() else "native"
 
 
 def sglang_command(args, extra: list[str]) -> list[str]:
-    from inference import sglang_launch as sl
+    from inference.sglang_backend import command as sl
 
     python = sl.resolve_sglang_python(args.sglang_python)
+    # SGLang runs dLLM requests one at a time unless told how many may share a batch.
     where = dict(python=python, host=args.host, port=args.port, api_key=args.api_key)
+    where |= dict(max_running_requests=args.max_batch, served_model_name=args.served_model_name)
     if args.mode in SGLANG_FAMILIES:
         cfg = sl.load_family_config(args.mode)
         tmp = Path(tempfile.mkdtemp(prefix="bdstack-sglang-"))
@@ -120,6 +122,7 @@ def sglang_command(args, extra: list[str]) -> list[str]:
     if args.mode == "causal":  # a bdstack checkpoint is a stock HF model: plain SGLang serves it causally
         cmd = [python, "-m", "sglang.launch_server", "--model-path", args.model, "--host", args.host]
         cmd += ["--port", str(args.port)] + (["--api-key", args.api_key] if args.api_key else [])
+        cmd += ["--served-model-name", args.served_model_name] if args.served_model_name else []
         return cmd + extra
     settings = sl.bdstack_settings(
         args.model,
@@ -134,7 +137,7 @@ def sglang_command(args, extra: list[str]) -> list[str]:
 
 
 def run_sglang(args, extra: list[str]) -> int:
-    from inference.sglang_launch import child_environment
+    from inference.sglang_backend.command import child_environment
 
     try:
         cmd = sglang_command(args, extra)

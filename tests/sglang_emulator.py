@@ -1,6 +1,6 @@
 """A CPU stand-in for the part of SGLang that drives a dLLM algorithm with separate context encoding.
 
-It follows SGLang 0.5.23 where `inference/sglang/algorithms.py` depends on it (checked against the
+It follows SGLang 0.5.23 where `inference/sglang_backend/algorithms.py` depends on it (checked against the
 wheel's source: `srt/dllm/mixin/scheduler.py`, `srt/dllm/mixin/req.py`, `srt/dllm/config.py`,
 `srt/managers/schedule_batch.py`, `srt/layers/attention/triton_backend.py`):
 
@@ -18,7 +18,7 @@ wheel's source: `srt/dllm/mixin/scheduler.py`, `srt/dllm/mixin/req.py`, `srt/dll
 - hybrid models behave like SGLang's gated-delta layers: a (causal) canvas forward absorbs the
   canvas into the request's recurrent state and leaves it there, unless the state guard restores it.
 
-Forwards are the native engine's (`inference.runner`), one KV cache per request. Canvas KV is dropped.
+Forwards run on the native decode runner (`bdcore.decode.runner`), one cache per request. Canvas KV is dropped.
 """
 
 from __future__ import annotations
@@ -29,9 +29,13 @@ from types import SimpleNamespace
 
 import torch
 
-from inference.runner import ModelRunner, Rows
-from inference.sampling import SamplingParams
-from inference.sglang.algorithms import ShiftedCanvasAlgorithm
+from bdcore.decode.modes import Forward
+from bdcore.decode.rows import Rows
+from bdcore.decode.runner import ModelRunner
+from bdcore.decode.sampling import SamplingParams
+from bdcore.decode.sequence import SequenceCache
+from bdcore.gated_delta import is_hybrid
+from inference.sglang_backend.algorithms import ShiftedCanvasAlgorithm
 
 
 class Mode:
@@ -61,26 +65,25 @@ class EmulatedModelRunner:
 
     def __init__(self, loaded):
         self.loaded = loaded
-        self.caches: dict[str, ModelRunner] = {}
+        self.hybrid = is_hybrid(loaded.model.config)
+        # Dense: the canvas mask comes from `bidirectional` alone, as in SGLang, never from the sidecar.
+        wbc = loaded.sidecar.within_block_causal if self.hybrid else False
+        self.runner = ModelRunner(loaded.model, banned=None, within_block_causal=wbc)
+        self.caches: dict[str, SequenceCache] = {}
         self.bidirectional = False  # every layer's attn_type: RadixAttention is built DECODER
         self.forwards = 0
         self.modes: list[tuple[str, bool]] = []  # (EXTEND | DLLM_EXTEND, bidirectional) per forward
 
-    def cache(self, rid: str) -> ModelRunner:
-        if rid not in self.caches:
-            # Dense: the canvas mask comes from `bidirectional` alone, as in SGLang, never from the sidecar.
-            hybrid = self.loaded.hybrid
-            wbc = self.loaded.sidecar.within_block_causal if hybrid else False
-            runner = ModelRunner(self.loaded.model, banned=None, within_block_causal=wbc)
-            runner.reset()
-            self.caches[rid] = runner
-        return self.caches[rid]
+    def cache(self, rid: str) -> SequenceCache:
+        return self.caches.setdefault(rid, SequenceCache())
 
-    def _rows(self, cache: ModelRunner, tokens: list[int]) -> Rows:
+    def _forward(self, cache: SequenceCache, tokens: list[int], keep: int) -> torch.Tensor:
         if not self.bidirectional:
-            return Rows().clean(tokens, cache.length)
-        assert not cache.hybrid, "SGLang's gated-delta kernels have no bidirectional mode"
-        return Rows().canvas(tokens, cache.length)  # new tokens see the prefix and each other
+            rows = Rows().clean(tokens, cache.length)
+        else:
+            assert not self.hybrid, "SGLang's gated-delta kernels have no bidirectional mode"
+            rows = Rows().canvas(tokens, cache.length)  # new tokens see the prefix and each other
+        return self.runner.forward([(cache, Forward(rows, keep))])[0]
 
     def forward(self, batch: Batch, pp_proxy_tensors=None):
         self.forwards += 1
@@ -89,8 +92,7 @@ class EmulatedModelRunner:
         if not dllm:
             last = []
             for rid, tokens in zip(batch.rids, batch.new_tokens):
-                cache = self.cache(rid)
-                last.append(cache.forward(self._rows(cache, tokens), keep=len(tokens))[-1])
+                last.append(self._forward(self.cache(rid), tokens, len(tokens))[-1])
             out = SimpleNamespace(next_token_logits=torch.stack(last), full_logits=None)
         else:
             B = batch.input_ids.numel() // batch.batch_size
@@ -98,12 +100,13 @@ class EmulatedModelRunner:
             rows = []
             for rid, canvas in zip(batch.rids, canvases):
                 cache = self.cache(rid)
-                if cache.hybrid:  # SGLang: token-causal canvas whose state is written to the request's slot
-                    rows.append(cache.forward(self._rows(cache, canvas), keep=len(canvas)))
-                    cache._crop_kv(len(canvas))  # the canvas KV is discarded, its recurrent state is not
-                    cache.length -= len(canvas)
+                if self.hybrid:  # SGLang: token-causal canvas whose state is written to the request's slot
+                    rows.append(self._forward(cache, canvas, len(canvas)))
+                    # the canvas KV is discarded, its recurrent state is not
+                    cache.keys = [k[:, : -len(canvas)] for k in cache.keys]
+                    cache.values = [v[:, : -len(canvas)] for v in cache.values]
                     continue
-                rows.append(cache.forward(self._rows(cache, canvas), keep=0))
+                rows.append(self._forward(cache, canvas, 0))
             out = SimpleNamespace(next_token_logits=None, full_logits=torch.cat(rows))
         return SimpleNamespace(logits_output=out, can_run_graph=False)
 

@@ -34,7 +34,7 @@ def check_engine_canvas_logits(
     """The engine's canvas logits == the training forward's, with the training model on `train_attn`
     (the CUDA twin runs flex attention there, as the trainer does on CUDA) and both models on `device`."""
     # Separate instances with equal weights: training and decode patch gated-delta layers differently,
-    # and the engine always runs SDPA (`inference/checkpoint.py`).
+    # and the engine always runs SDPA (`inference/native/loading.py`).
     if arch == "qwen3_5":
         model, engine_model = tiny_hybrid_model(attn=train_attn), tiny_hybrid_model()
     else:

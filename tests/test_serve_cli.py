@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from inference import serve
-from inference.sglang_launch import FAMILIES, load_family_config
+from inference.sglang_backend.command import FAMILIES, load_family_config
 from tests.conftest import REPO
 
 

@@ -1,4 +1,4 @@
-"""Our SGLang algorithms (inference/sglang/algorithms.py) driven the way SGLang drives them, on CPU.
+"""Our SGLang algorithms (inference/sglang_backend/algorithms.py) driven the way SGLang drives them, on CPU.
 
 `tests/sglang_emulator.py` plays SGLang's separate-context scheduler; the forwards are the native
 engine's. Greedy diffusion must equal the native engine with unfused commits token for token (same
@@ -9,11 +9,11 @@ import pytest
 import torch
 import yaml
 
-from inference.checkpoint import load_checkpoint
-from inference.engine import DecodeConfig, Engine
-from inference.sampling import SamplingParams
-from inference.sglang.algorithms import SelfSpec, ShiftedDiffusion, request_params
-from inference.sglang.settings import DIFFUSION, SELF_SPEC, DecodeSettings
+from bdcore.decode.sampling import SamplingParams
+from inference.native.engine import DecodeConfig, Engine
+from inference.native.loading import load_checkpoint
+from inference.sglang_backend.algorithms import SelfSpec, ShiftedDiffusion, request_params
+from inference.sglang_backend.settings import DIFFUSION, SELF_SPEC, DecodeSettings
 from tests.sglang_emulator import EmulatedModelRunner, emulated, serve
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from inference.sglang_launch import (
+from inference.sglang_backend.command import (
     CONFIG_DIR,
     FAMILIES,
     SGLANG_PYTHON_ENV,

@@ -1,5 +1,5 @@
 """The SGLang side of bdstack without SGLang: serve.py's command and settings file, the checks a
-checkpoint must pass, and the registration pieces (`inference/sglang/plugin.py` takes SGLang's classes
+checkpoint must pass, and the registration pieces (`inference/sglang_backend/plugin.py` takes SGLang's classes
 as arguments; here they are given stand-ins with the 0.5.23 signatures)."""
 
 import enum
@@ -14,13 +14,13 @@ import pytest
 import torch
 import yaml
 
+from bdcore.decode.sampling import SamplingParams
 from inference import serve
-from inference.checkpoint import load_checkpoint
-from inference.engine import DecodeConfig, Engine
-from inference.sampling import SamplingParams
-from inference.sglang import plugin
-from inference.sglang.settings import DIFFUSION, SELF_SPEC, DecodeSettings
-from inference.sglang_launch import REPO_ROOT, bdstack_settings, child_environment
+from inference.native.engine import DecodeConfig, Engine
+from inference.native.loading import load_checkpoint
+from inference.sglang_backend import plugin
+from inference.sglang_backend.command import REPO_ROOT, bdstack_settings, child_environment
+from inference.sglang_backend.settings import DIFFUSION, SELF_SPEC, DecodeSettings
 from tests.sglang_emulator import EmulatedAttention
 from tests.sglang_emulator import serve as emulate
 from tests.test_invariant_4_self_spec import _prompts
@@ -55,7 +55,7 @@ def _dry_run(capsys, *argv) -> list[str]:
 def test_dry_run_builds_the_launcher_command_and_settings(ckpt, capsys, mode, algorithm, size):
     extra = ["--draft-len", "3"] if mode == "self-spec" else ["--threshold", "0.7", "--steps", "2"]
     cmd = _dry_run(capsys, str(ckpt), "--mode", mode, *extra, "--port", "8123", "--", "--tp", "2")
-    assert cmd[:3] == ["/opt/sg/bin/python", "-m", "inference.sglang.launch"]
+    assert cmd[:3] == ["/opt/sg/bin/python", "-m", "inference.sglang_backend.launch"]
     assert cmd[cmd.index("--model-path") + 1] == str(ckpt) and cmd[cmd.index("--port") + 1] == "8123"
     assert cmd[cmd.index("--dllm-algorithm") + 1] == algorithm
     assert cmd[cmd.index("--attention-backend") + 1] == "triton"
@@ -92,7 +92,7 @@ def test_checkpoint_checks(ckpt, tmp_path):
     assert check(good) == good
     with pytest.raises(plugin.PluginError, match="mask_id"):
         check(DecodeSettings(**(good.to_dict() | {"mask_id": good.mask_id + 1})))
-    with pytest.raises(plugin.PluginError, match="exceeds the trained block size"):
+    with pytest.raises(plugin.PluginError, match="draft_len 5 exceeds the trained block size 4"):
         check(DecodeSettings(**(good.to_dict() | {"block_size": 5})))
     with pytest.raises(plugin.PluginError, match="needs --dllm-algorithm-config"):
         plugin.load_settings(str(ckpt), SELF_SPEC, None)
@@ -289,8 +289,8 @@ def test_server_arg_decisions():
 
 def test_end_of_turn_must_be_an_sglang_stop(ckpt, tmp_path, monkeypatch):
     """The algorithms report a filler as end-of-turn; SGLang stops only at its own stop set."""
-    from inference import sglang_launch
-    from inference.sglang_launch import sglang_stop_ids
+    from inference.sglang_backend import command as sglang_launch
+    from inference.sglang_backend.command import sglang_stop_ids
 
     changed = tmp_path / "ckpt"
     changed.mkdir()
@@ -311,10 +311,22 @@ def test_end_of_turn_must_be_an_sglang_stop(ckpt, tmp_path, monkeypatch):
 @pytest.mark.skipif(__import__("importlib").util.find_spec("sglang") is not None, reason="SGLang is installed here")
 def test_launcher_without_sglang_names_the_fix():
     r = subprocess.run(
-        [sys.executable, "-m", "inference.sglang.launch", "--help"],
+        [sys.executable, "-m", "inference.sglang_backend.launch", "--help"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert r.returncode != 0 and "SGLang is not installed in this interpreter" in r.stderr
+
+
+@pytest.mark.parametrize("mode", ["causal", "diffusion", "self-spec", "sdar"])
+def test_served_model_name_and_max_batch_reach_sglang(ckpt, capsys, mode):
+    """serve.py flags that mean something to SGLang are passed on, never dropped; stock causal serving keeps
+    SGLang's own batching (no --max-running-requests cap)."""
+    cmd = _dry_run(capsys, str(ckpt), "--mode", mode, "--served-model-name", "my-model", "--max-batch", "3")
+    assert cmd[cmd.index("--served-model-name") + 1] == "my-model"
+    if mode == "causal":
+        assert "--max-running-requests" not in cmd
+    else:
+        assert cmd[cmd.index("--max-running-requests") + 1] == "3"

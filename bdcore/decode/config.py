@@ -11,6 +11,18 @@ class DecodeSettingsError(ValueError):
     """Decode settings a checkpoint cannot run; the message names the setting and the limit."""
 
 
+def denoise_budget(block: int, steps: int | None) -> int:
+    """Denoise forwards a diffusion block may take: `steps`, by default one per slot after the seed."""
+    return steps or max(1, block - 1)
+
+
+def check_draft_len(draft_len: int, bd_size: int) -> None:
+    """Self-spec may not draft more tokens than a trained block holds: a longer canvas is a block the model
+    never saw in training."""
+    if draft_len > bd_size:
+        raise DecodeSettingsError(f"draft_len {draft_len} exceeds the trained block size {bd_size}")
+
+
 @dataclass(frozen=True)
 class ResolvedDecode:
     """Settings with every default filled in from the checkpoint's block size."""
@@ -33,11 +45,7 @@ class DecodeConfig:
     fuse_commit: bool = True  # diffusion: fuse each commit (the prefill too) with the next block's first denoise
 
     def resolve(self, bd_size: int | None) -> ResolvedDecode:
-        """Fill the defaults from the trained block size (None: a plain AR checkpoint) and check limits.
-
-        Self-spec may not draft more tokens than a trained block holds: a longer canvas is a block the
-        model never saw in training.
-        """
+        """Fill the defaults from the trained block size (None: a plain AR checkpoint) and check limits."""
         if self.mode not in MODES:
             raise DecodeSettingsError(f"unknown mode {self.mode!r}; choose one of {MODES}")
         bd = bd_size or 1
@@ -45,12 +53,11 @@ class DecodeConfig:
         draft = self.draft_len or bd
         if self.steps is not None and self.steps < 1:
             raise DecodeSettingsError(f"steps must be >= 1 (default: block_size - 1), got {self.steps}")
-        if not 0.0 <= self.threshold <= 1.0:
-            raise DecodeSettingsError(f"threshold must lie in [0, 1], got {self.threshold}")
+        if not self.threshold >= 0.0:  # above 1: one slot per step (nothing is ever that confident)
+            raise DecodeSettingsError(f"threshold must be >= 0, got {self.threshold}")
         if self.mode != "causal":
-            if draft > bd:
-                raise DecodeSettingsError(f"draft_len {draft} exceeds the trained block size {bd}")
+            check_draft_len(draft, bd)
             if block < 2 or draft < 2:
                 raise DecodeSettingsError("block_size and draft_len must be >= 2")
-        budget = self.steps or max(1, block - 1)
+        budget = denoise_budget(block, self.steps)
         return ResolvedDecode(self.mode, block, budget, self.threshold, draft, self.fuse_commit)

@@ -23,14 +23,12 @@ import sys
 import types
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmark.sglang_contract.names import SOURCE_NAMES, class_names
 
-from names import SOURCE_NAMES, class_names  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 SGLANG_VERSION = "0.5.23"
-OUR_MODULES = ("inference.sglang.launch", "sglang.launch_server")
+OUR_MODULES = ("inference.sglang_backend.launch", "sglang.launch_server")
 DLLM_CONFIG_PARAMS = [
     "algorithm",
     "algorithm_config",
@@ -93,7 +91,7 @@ def check_registration(r: Report) -> None:
     from sglang.srt.dllm.algorithm.base import DllmAlgorithm
     from sglang.srt.dllm.config import DllmConfig
 
-    from inference.sglang.plugin import CORES, register
+    from inference.sglang_backend.plugin import CORES, register
 
     r.check(list(inspect.signature(DllmConfig).parameters) == DLLM_CONFIG_PARAMS, "DllmConfig.__init__ signature")
     run = inspect.signature(DllmAlgorithm.run)
@@ -201,7 +199,7 @@ def check_family_presets(r: Report, root: Path) -> None:
     from sglang.srt.dllm.algorithm import algo_name_to_cls
     from sglang.srt.dllm.config import DllmConfig
 
-    from inference.sglang_launch import ALGORITHM_KEYS, FAMILIES, load_family_config
+    from inference.sglang_backend.command import ALGORITHM_KEYS, FAMILIES, load_family_config
 
     common = config_factory_keys(root)
     r.check(common >= {"block_size"}, f"DllmConfig reads block_size from the algorithm config (reads {common})")

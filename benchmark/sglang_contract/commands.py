@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from inference import serve
-from inference.sglang_launch import FAMILIES, bdstack_settings, build_bdstack_command, build_sglang_command
+from inference.sglang_backend.command import FAMILIES, bdstack_settings, build_bdstack_command, build_sglang_command
 from tests.tiny import tiny_checkpoint
 
 SGLANG_PYTHON = "/opt/sglang/bin/python"  # never run: only the argv after `-m MODULE` is parsed
@@ -39,7 +39,7 @@ def checkpoints(root: Path) -> dict[str, Path]:
 
 def cases(root: Path) -> list[dict]:
     found = []
-    common = ["--port", "31000", "--api-key", "sk-test"]
+    common = ["--port", "31000", "--api-key", "sk-test", "--served-model-name", "my-model", "--max-batch", "4"]
     for kind, model in checkpoints(root).items():
         for mode, flags in MODE_FLAGS.items():
             for tail in ([], PASS_THROUGH):
@@ -49,7 +49,7 @@ def cases(root: Path) -> list[dict]:
         for tail in ([], PASS_THROUGH):
             argv = dry_run(["org/model", "--mode", family, *common], tail)
             found.append({"name": f"{family}{' +flags' if tail else ''}", "mode": family, "argv": argv})
-    # The launcher's --max-running-requests (serve.py's --max-batch, once serve.py passes it on).
+    # The builders' own defaults, and the FDFO default of stock `sglang serve`.
     dense = root / "dense"
     settings = bdstack_settings(dense, "diffusion")
     argv = build_bdstack_command(

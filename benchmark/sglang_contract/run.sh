@@ -2,7 +2,7 @@
 # `make sglang-contract`: bdstack's SGLang commands, plugin and presets against SGLang 0.5.23's own code,
 # on CPU. Builds .venv-sglang once (80 s measured on 2 cores with pip's cache warm; cold, add the
 # download of torch CPU and triton, ~480 MB; ~1.6 GB installed), then about 10 s a run.
-# See inference/sglang/README.md ("Verified where").
+# See inference/sglang_backend/README.md ("Verified where").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -27,4 +27,5 @@ rm -rf "$WORK"
 mkdir -p "$WORK"
 # serve.py writes each command's settings YAML under $TMPDIR: keep them with the rest of the run.
 TMPDIR=$PWD/$WORK OMP_NUM_THREADS=1 .venv/bin/python -m benchmark.sglang_contract.commands "$WORK"
-OMP_NUM_THREADS=1 "$VENV/bin/python" "$HERE/check.py" "$WORK"
+# .venv-sglang has SGLang, not bdstack: the repository comes onto its path as the launcher's does.
+PYTHONPATH=$PWD OMP_NUM_THREADS=1 "$VENV/bin/python" -m benchmark.sglang_contract.check "$WORK"

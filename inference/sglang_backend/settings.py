@@ -1,12 +1,15 @@
 """The `--dllm-algorithm-config` YAML of bdstack's SGLang algorithms: one definition, two readers.
 
 `serve.py` (our environment) writes it; the SGLang process (SGLang's own environment, other pins)
-reads it back through `DecodeSettings.from_dict`. Stdlib only, so both sides import it.
+reads it back through `DecodeSettings.from_dict`. Defaults and limits come from `bdcore.decode.config`,
+the native engine's own definitions.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+from bdcore.decode.config import denoise_budget
 
 DIFFUSION = "BdstackDiffusion"
 SELF_SPEC = "BdstackSelfSpec"
@@ -25,19 +28,21 @@ class DecodeSettings:
     other_stop_ids: list[int] = field(default_factory=list)  # e.g. eos when it is not end-of-turn
     within_block_causal: bool = False  # the checkpoint's canvas attention (sidecar)
     threshold: float = 0.9  # diffusion: commit masked slots whose confidence exceeds this
-    steps: int = 0  # diffusion: denoise forwards per block (0: block_size - 1)
+    steps: int | None = None  # diffusion: denoise forwards per block (None: block_size - 1)
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS.values():
             raise ValueError(f"algorithm {self.algorithm!r} is not one of {sorted(ALGORITHMS.values())}")
         for name in ("block_size", "mask_id", "end_of_turn_id", "filler_id", "steps"):
             value = getattr(self, name)
+            if name == "steps" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2, got {self.block_size}")
-        if self.steps < 0:
-            raise ValueError(f"steps must be >= 0 (0: block_size - 1), got {self.steps}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps must be >= 1 (default: block_size - 1), got {self.steps}")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
             raise ValueError(f"threshold must be a number, got {self.threshold!r}")
         if len({self.mask_id, self.end_of_turn_id, self.filler_id}) != 3:
@@ -56,7 +61,7 @@ class DecodeSettings:
 
     @property
     def denoise_steps(self) -> int:
-        return self.steps or max(1, self.block_size - 1)
+        return denoise_budget(self.block_size, self.steps)
 
     def to_dict(self) -> dict:
         return asdict(self)

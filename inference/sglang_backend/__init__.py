@@ -2,7 +2,7 @@
 
 - `settings.py`: the one definition of our algorithms' `--dllm-algorithm-config` YAML (stdlib only);
 - `algorithms.py`: shifted block diffusion and self-spec against SGLang's dLLM driver contract,
-  written without importing SGLang so CPU tests run them (torch + `inference.decode_rules`);
+  written without importing SGLang so CPU tests run them (torch + `bdcore.decode.rules`);
 - `plugin.py`: registers those algorithms and our checkpoints' block size / mask id in an SGLang
   process (imports SGLang);
 - `launch.py`: what `serve.py --backend sglang` runs in place of `sglang.launch_server`.

@@ -1,9 +1,9 @@
-"""Run SGLang's server with bdstack's algorithms registered: `python -m inference.sglang.launch ARGS`.
+"""Run SGLang's server with bdstack's algorithms registered: `python -m inference.sglang_backend.launch ARGS`.
 
 ARGS are `sglang.launch_server`'s. `serve.py --backend sglang --mode {diffusion,self-spec}` builds this
 command (and the `--dllm-algorithm-config` YAML) for you; run it by hand only to pass SGLang flags
 serve.py does not know. Needs SGLang's environment, not ours: this module imports SGLang, torch and
-the few stdlib/torch-only modules of bdstack listed in inference/sglang/README.md.
+the few stdlib/torch-only modules of bdstack listed in inference/sglang_backend/README.md.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from inference.sglang.plugin import register
+from inference.sglang_backend.plugin import register
 
 # Module level on purpose: SGLang starts its scheduler processes with the spawn method, which
 # re-imports this module (as __mp_main__) in each of them, so every process registers our algorithms.

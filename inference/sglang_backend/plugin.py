@@ -28,9 +28,10 @@ import json
 import logging
 from pathlib import Path
 
+from bdcore.decode.config import DecodeSettingsError, check_draft_len
 from bdcore.sidecar import SIDECAR_NAME, read_sidecar
-from inference.sglang.algorithms import SelfSpec, ShiftedDiffusion
-from inference.sglang.settings import DIFFUSION, SELF_SPEC, DecodeSettings
+from inference.sglang_backend.algorithms import SelfSpec, ShiftedDiffusion
+from inference.sglang_backend.settings import DIFFUSION, SELF_SPEC, DecodeSettings
 
 logger = logging.getLogger("bdstack.sglang")
 TESTED_SGLANG = "0.5.23"
@@ -73,8 +74,13 @@ def load_settings(model_path: str, algorithm: str, config_path: str | None) -> D
         raise PluginError(
             "SGLang encodes committed tokens causally; checkpoints with clean_causal: false need --backend native"
         )
-    if algorithm == SELF_SPEC and settings.block_size > sidecar.bd_size:
-        raise PluginError(f"self-spec N={settings.block_size} exceeds the trained block size {sidecar.bd_size}")
+    if not sidecar.shift:
+        raise PluginError("the checkpoint is unshifted (shift: false); our SGLang algorithms decode shifted ones")
+    if algorithm == SELF_SPEC:
+        try:
+            check_draft_len(settings.block_size, sidecar.bd_size)
+        except DecodeSettingsError as e:
+            raise PluginError(f"self-spec: {e}") from e
     config = json.loads((directory / "config.json").read_text())
     layer_types = config.get("layer_types") or (config.get("text_config") or {}).get("layer_types") or []
     if "linear_attention" in layer_types and not settings.within_block_causal:
@@ -245,7 +251,7 @@ def register() -> None:
     except ImportError as e:
         raise PluginError(
             "SGLang is not installed in this interpreter; run the launcher with SGLang's own environment "
-            f"(serve.py --sglang-python PATH or $BDSTACK_SGLANG_PYTHON; see inference/sglang/README.md): {e}"
+            f"(serve.py --sglang-python PATH or $BDSTACK_SGLANG_PYTHON; see inference/sglang_backend/README.md): {e}"
         ) from e
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
     from sglang.srt.dllm import algorithm as algorithm_table

@@ -20,7 +20,7 @@ layers left bidirectional, so an attention type inherited from the last canvas w
 committed tokens' KV and the next request's prompt.
 
 Semantics match the native engine with `fuse_commit=False`: the seed (slot 0) is the AR token from
-the context pass, row j of a canvas predicts slot j + 1, commits follow `decode_rules`. Self-spec
+the context pass, row j of a canvas predicts slot j + 1, commits follow `bdcore.decode.rules`. Self-spec
 spends three forwards per round (context, drafts, causal verify) instead of the native engine's one,
 because SGLang's canvas attention has no per-row mask to mix causal verify rows and MASK rows.
 """
@@ -33,9 +33,9 @@ from collections import OrderedDict
 
 import torch
 
-from inference.decode_rules import block_decided, denoise_step, first_stop, greedy_accept, speculative_accept
-from inference.sampling import SamplingParams, pick
-from inference.sglang.settings import DecodeSettings
+from bdcore.decode.rules import block_decided, denoise_step, first_stop, greedy_accept, speculative_accept
+from bdcore.decode.sampling import SamplingParams, pick
+from inference.sglang_backend.settings import DecodeSettings
 
 # SGLang turns temperature 0 into top_k = 1; top_k = -1 or 1 << 30 means the whole vocabulary.
 _GREEDY_TOP_K = 1

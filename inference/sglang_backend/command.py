@@ -1,8 +1,9 @@
 """Build the `python -m sglang.launch_server` command for upstream SGLang's own dLLM families.
 
 SDAR, LLaDA2.0 and LLaDA2.1 are served by SGLang with its built-in diffusion algorithms, not by our engine.
-Each family's algorithm and settings live in `inference/configs/<family>.yaml` (one schema for all) so that
-retuning a preset is a data change, and this module only validates that data and turns it into argv.
+Each family's algorithm and settings live in `configs/<family>.yaml` beside this module (one schema for
+all) so that retuning a preset is a data change, and this module only validates that data and turns it
+into argv.
 
 SGLang (checked against 0.5.23) takes `--dllm-algorithm NAME` (the algorithm class name) and
 `--dllm-algorithm-config PATH`, a YAML file it reads with `yaml.safe_load` and queries with `.get(key, default)`.
@@ -140,6 +141,7 @@ def build_sglang_command(
     config_dir: Path = CONFIG_DIR,
     algo_config_path: Path | None = None,
     max_running_requests: int | None = None,
+    served_model_name: str | None = None,
 ) -> list[str]:
     """Return the launch_server argv for `model` served as `family`.
 
@@ -160,15 +162,17 @@ def build_sglang_command(
             algo_config_path = write_algorithm_config(cfg, Path(tempfile.mkdtemp(prefix="bdstack-sglang-")))
         cmd += ["--dllm-algorithm-config", str(algo_config_path)]
     cmd += list(cfg.server_args)
-    cmd += _common_flags(api_key, max_running_requests)
+    cmd += _common_flags(api_key, max_running_requests, served_model_name)
     cmd += list(extra_args)
     return cmd
 
 
-def _common_flags(api_key: str | None, max_running_requests: int | None) -> list[str]:
+def _common_flags(api_key: str | None, max_running_requests: int | None, served_model_name: str | None) -> list[str]:
     flags = ["--api-key", api_key] if api_key else []
     if max_running_requests is not None:
         flags += ["--max-running-requests", str(max_running_requests)]
+    if served_model_name:
+        flags += ["--served-model-name", served_model_name]
     return flags
 
 
@@ -182,9 +186,9 @@ def resolve_sglang_python(cli_value: str | None) -> str:
     return os.environ.get(SGLANG_PYTHON_ENV) or "python"
 
 
-# -- bdstack checkpoints in SGLang (our own algorithms, registered by inference/sglang/launch.py) --------
-BDSTACK_LAUNCHER = "inference.sglang.launch"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# -- bdstack checkpoints in SGLang (our own algorithms, registered by inference/sglang_backend/launch.py) --------
+BDSTACK_LAUNCHER = "inference.sglang_backend.launch"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def bdstack_settings(
@@ -200,9 +204,10 @@ def bdstack_settings(
     tokenizer, loaded in our environment so the SGLang side needs neither transformers pins nor our code)."""
     from transformers import AutoTokenizer
 
+    from bdcore.decode.config import DecodeConfig
     from bdcore.sidecar import SIDECAR_NAME, read_sidecar
     from bdcore.tokens import end_of_turn_id, filler_id
-    from inference.sglang.settings import ALGORITHMS, DecodeSettings
+    from inference.sglang_backend.settings import ALGORITHMS, DecodeSettings
 
     model_dir = Path(model_dir)
     if mode not in ALGORITHMS:
@@ -221,12 +226,10 @@ def bdstack_settings(
             f"SGLang would not stop at end-of-turn (token {eot}): it stops at config.json / generation_config.json "
             "eos_token_id and the tokenizer's eos; add the end-of-turn id to generation_config.json's eos_token_id"
         )
-    if mode == "self-spec":
-        size = draft_len or sidecar.bd_size
-        if size > sidecar.bd_size:
-            raise ValueError(f"draft_len {size} exceeds the trained block size {sidecar.bd_size}")
-    else:
-        size = block_size or sidecar.bd_size
+    resolved = DecodeConfig(
+        mode=mode, block_size=block_size, threshold=threshold, steps=steps, draft_len=draft_len
+    ).resolve(sidecar.bd_size)
+    size = resolved.draft_len if mode == "self-spec" else resolved.block
     return DecodeSettings(
         algorithm=ALGORITHMS[mode],
         block_size=size,
@@ -236,7 +239,7 @@ def bdstack_settings(
         other_stop_ids=others,
         within_block_causal=sidecar.within_block_causal,
         threshold=threshold,
-        steps=steps or 0,
+        steps=steps,
     )
 
 
@@ -266,6 +269,7 @@ def build_bdstack_command(
     api_key: str | None = None,
     extra_args: Sequence[str] = (),
     max_running_requests: int | None = None,
+    served_model_name: str | None = None,
 ) -> list[str]:
     """argv that runs SGLang with our algorithms registered; writes `settings` to `settings_path`.
 
@@ -280,7 +284,7 @@ def build_bdstack_command(
     cmd = [python, "-m", BDSTACK_LAUNCHER, "--model-path", model, "--host", host, "--port", str(port)]
     cmd += ["--dllm-algorithm", settings.algorithm, "--dllm-algorithm-config", str(settings_path)]
     cmd += ["--attention-backend", "triton", "--no-dllm-fdfo"]
-    return cmd + _common_flags(api_key, max_running_requests) + list(extra_args)
+    return cmd + _common_flags(api_key, max_running_requests, served_model_name) + list(extra_args)
 
 
 def child_environment(base: dict | None = None) -> dict:
