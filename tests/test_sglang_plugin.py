@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from bdcore.decode.sampling import SamplingParams
+from benchmark.sglang_contract.names import DLLM_CONFIG_PARAMS
 from inference import serve
 from inference.native.engine import DecodeConfig, Engine
 from inference.native.loading import load_checkpoint
@@ -25,20 +26,6 @@ from tests.sglang_emulator import EmulatedAttention
 from tests.sglang_emulator import serve as emulate
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint
-
-# sglang/srt/dllm/config.py (0.5.23): DllmConfig.__init__'s parameters, in order.
-DLLM_CONFIG_PARAMS = [
-    "algorithm",
-    "algorithm_config",
-    "block_size",
-    "mask_id",
-    "max_running_requests",
-    "first_done_first_out_mode",
-    "requires_separate_context_encoding",
-    "capture_input_preparation",
-    "delete_token_id",
-    "split_token_id",
-]
 
 
 @pytest.fixture(scope="module")

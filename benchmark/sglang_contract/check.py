@@ -23,24 +23,12 @@ import sys
 import types
 from pathlib import Path
 
-from benchmark.sglang_contract.names import SOURCE_NAMES, class_names
+from benchmark.sglang_contract.names import DLLM_CONFIG_PARAMS, SOURCE_NAMES, class_names
 
 REPO = Path(__file__).resolve().parents[2]
 
 SGLANG_VERSION = "0.5.23"
 OUR_MODULES = ("inference.sglang_backend.launch", "sglang.launch_server")
-DLLM_CONFIG_PARAMS = [
-    "algorithm",
-    "algorithm_config",
-    "block_size",
-    "mask_id",
-    "max_running_requests",
-    "first_done_first_out_mode",
-    "requires_separate_context_encoding",
-    "capture_input_preparation",
-    "delete_token_id",
-    "split_token_id",
-]
 
 
 def install_stubs(root: Path) -> None:

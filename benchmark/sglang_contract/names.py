@@ -9,6 +9,21 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+# sglang/srt/dllm/config.py: DllmConfig.__init__'s parameters, in order (the plugin builds it; the tests'
+# stand-in copies this signature, and check.py holds it against the wheel).
+DLLM_CONFIG_PARAMS = [
+    "algorithm",
+    "algorithm_config",
+    "block_size",
+    "mask_id",
+    "max_running_requests",
+    "first_done_first_out_mode",
+    "requires_separate_context_encoding",
+    "capture_input_preparation",
+    "delete_token_id",
+    "split_token_id",
+]
+
 # (file under sglang/, class or "Class.method" or None for module level) -> names it must define
 SOURCE_NAMES: dict[tuple[str, str | None], tuple[str, ...]] = {
     # algorithms.py: the batch a run() receives, and what model_runner.forward returns
