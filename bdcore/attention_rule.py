@@ -1,4 +1,4 @@
-"""The attention rule of DESIGN section 3: one definition, two renderings.
+"""The attention rule of docs/design.md section 3: one definition, two renderings.
 
 `visible(q, k, ...)` is written with elementwise tensor ops only, so the same function serves
 - the dense path: metadata broadcast as [B, T, 1] x [B, 1, T] -> a 4D boolean SDPA mask, and

@@ -1,4 +1,4 @@
-"""`block_diffusion.json`: the block-diffusion facts a stock HF checkpoint directory carries (DESIGN 5)."""
+"""`block_diffusion.json`: the facts a stock HF checkpoint directory carries (docs/design.md section 5)."""
 
 from __future__ import annotations
 

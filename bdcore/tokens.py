@@ -1,4 +1,4 @@
-"""Which token is which: `<|mask|>`, end-of-turn and the block filler (DESIGN sections 2, 5, 6).
+"""Which token is which: `<|mask|>`, end-of-turn and the block filler (docs/design.md sections 2, 5, 6).
 
 Shared by the trainer (row layout) and the engine (stop conditions), so both agree on the ids.
 """

@@ -7,7 +7,7 @@ metadata, as a training row's does. Hybrid (gated-delta) layers run the trainer'
 over the same metadata (`train.hybrid`), so canvases start from the clean state before their block
 and read as the trainer reads them. The decode logic (seeds, the threshold commit rule, the step
 budget, fused commits, self-spec acceptance and cold steps, stop tokens and max_tokens) is written
-out here again from DESIGN section 6 instead of calling the engine's helpers, so a bug in the
+out here again from docs/design.md section 6 instead of calling the engine's helpers, so a bug in the
 engine's bookkeeping cannot hide behind the same code on both sides.
 
 The engine must equal this decoder token for token and forward for forward

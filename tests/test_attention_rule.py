@@ -16,7 +16,7 @@ IDS = SpecialIds(mask_id=MASK_ID, filler_id=FILLER_ID)
 
 
 def reference_mask(meta, clean_causal: bool, within_block_causal: bool) -> torch.Tensor:
-    """DESIGN section 3's table, pair by pair, with block extents found by scanning the row."""
+    """the table of docs/design.md section 3, pair by pair, with block extents found by scanning the row."""
     B, T = meta.stream.shape
     out = torch.zeros(B, T, T, dtype=torch.bool)
     for b in range(B):

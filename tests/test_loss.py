@@ -1,4 +1,4 @@
-"""The objective (DESIGN section 4) against hand-computed references."""
+"""The objective (docs/design.md section 4) against hand-computed references."""
 
 import math
 import random

@@ -1,4 +1,4 @@
-"""Row layout, noise and targets of the two-stream row (DESIGN section 2 and 4)."""
+"""Row layout, noise and targets of the two-stream row (docs/design.md section 2 and 4)."""
 
 import random
 

@@ -1,4 +1,4 @@
-"""<|mask|> addition and the filler / end-of-turn choice (DESIGN sections 2 and 5)."""
+"""<|mask|> addition and the filler / end-of-turn choice (docs/design.md sections 2 and 5)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Configuration: the block-diffusion training semantics (DESIGN sections 2-4) and the job config of a run."""
+"""Configuration: the block-diffusion training semantics (docs/design.md sections 2-4) and the job config of a run."""
 
 from __future__ import annotations
 

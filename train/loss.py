@@ -1,4 +1,4 @@
-"""The block-diffusion objective (DESIGN section 4).
+"""The block-diffusion objective (docs/design.md section 4).
 
 Logits are only ever formed at supervised rows: the caller gathers those hidden states first,
 then `token_ce` projects and scores them chunk by chunk (recomputed in backward, so a chunk's

@@ -1,4 +1,4 @@
-"""Block noise (DESIGN section 2): one rate per block, complementary views, reproducible draws.
+"""Block noise (docs/design.md section 2): one rate per block, complementary views, reproducible draws.
 
 Views come in complementary pairs: view 2p+1 masks each token of a block with the block's rate g,
 view 2p+2 masks exactly the other tokens (effective rate 1 - g), so together they cover every

@@ -1,4 +1,4 @@
-"""Tokenized samples -> the shared-clean two-stream training row (DESIGN section 2).
+"""Tokenized samples -> the shared-clean two-stream training row (docs/design.md section 2).
 
 A row packs documents; each document contributes `[C ; N_1 ; ... ; N_V]`:
 - C:   the clean sequence (prompt + responses), positions 0..L-1;
@@ -200,7 +200,7 @@ def build_batch(
 
 
 def _targets(meta: TokenMeta, clean: torch.Tensor, masked: torch.Tensor, rate: torch.Tensor):
-    """Shifted targets: row i predicts token i + 1 (DESIGN section 4)."""
+    """Shifted targets: row i predicts token i + 1 (docs/design.md section 4)."""
     B, T = clean.shape
     cur = TokenMeta(*(x[:, :-1] for x in meta))
     nxt = TokenMeta(*(x[:, 1:] for x in meta))

@@ -1,4 +1,4 @@
-"""The special tokens block diffusion adds or picks (DESIGN sections 2 and 5)."""
+"""The special tokens block diffusion adds or picks (docs/design.md sections 2 and 5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The two-stream gated-delta operation (DESIGN section 3, "Hybrid models"), exact and differentiable.
+"""The two-stream gated-delta operation (docs/design.md section 3.1), exact and differentiable.
 
 Gated delta rule, per head (state S: [d_k, d_v]; q, k L2-normalised, q scaled by d_k^-1/2):
     S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - (exp(g_t) S_{t-1})^T k_t))^T,   o_t = S_t^T q_t

@@ -1,4 +1,4 @@
-"""Shifted block diffusion and self-spec (DESIGN section 6) against SGLang's dLLM driver contract.
+"""Shifted block diffusion and self-spec (docs/design.md section 6) against SGLang's dLLM driver contract.
 
 SGLang (0.5.23, `sglang/srt/dllm/`) drives a dLLM algorithm through `run(model_runner, forward_batch,
 algo_states)`. With `requires_separate_context_encoding` it alternates two kinds of batches per request:
