@@ -7,6 +7,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +25,9 @@ from train.special_tokens import (
     init_mask_rows,
     vocab_rows_needed,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def check_runtime(config: JobConfig, info: DistInfo) -> None:
@@ -49,7 +53,7 @@ def write_json(path: Path, obj: dict) -> None:
 
 @dataclass
 class TokenizerParts:
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     end_of_turn: int
     special: SpecialIds
     num_real: int | None  # ids before the <|mask|> this run added; None when it added none

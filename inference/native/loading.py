@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from bdcore.decode.config import MODES
 from bdcore.sidecar import SIDECAR_NAME, Sidecar, read_sidecar
 from bdcore.tokens import MASK_TOKEN, stop_ids, token_id
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class CheckpointError(ValueError):
@@ -20,7 +24,7 @@ class CheckpointError(ValueError):
 @dataclass
 class LoadedModel:
     model: torch.nn.Module
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     sidecar: Sidecar | None  # None: a plain AR checkpoint (causal mode only)
     mask_id: int | None
     stop_ids: frozenset[int]  # end-of-turn, eos, and the block filler
