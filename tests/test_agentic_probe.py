@@ -14,6 +14,8 @@ from inference.native.engine import Generation
 from tests.conftest import native_server
 from tests.tiny import tiny_checkpoint
 
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
+
 # A ChatML template with Hermes tool calls, written for these tests (Qwen-style layout): tools in the
 # system turn, past calls as <tool_call> blocks whose arguments are rendered with tojson, tool results
 # as <tool_response> blocks in a user turn.

@@ -133,6 +133,7 @@ def _kill_during_save(monkeypatch, k: int, run, name: str, state: dict, kw) -> b
 
 
 @pytest.mark.parametrize("previous", ["final", "step_1", None])
+@pytest.mark.e2e
 def test_a_kill_at_any_step_of_a_save_leaves_the_run_resumable(one_rank, tmp_path, monkeypatch, previous):
     tok = build_char_tokenizer()
     lm = TwoStreamLM(tiny_model("qwen3", vocab=len(tok)), BlockDiffusionConfig(bd_size=4))

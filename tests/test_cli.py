@@ -13,6 +13,8 @@ from tests.train_args import train_args
 from train.cli import parse_args
 from train.config import BlockDiffusionConfig, FlagError, JobConfig
 
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
+
 FLAGS = (
     "--model_id --dataset --bd_size --ar_loss_weight --ar_only --within_block_causal --loss_weighting --views "
     "--max_length --max_response_length --length_buckets --pack --multiturn --micro_batch_size --grad_accum "

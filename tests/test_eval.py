@@ -9,6 +9,8 @@ from inference.eval_tasks import TASKS, load_problems
 from tests.conftest import REPO, native_server
 from tests.tiny import tiny_checkpoint
 
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
+
 FIX = REPO / "tests" / "fixtures"
 
 

@@ -90,6 +90,7 @@ def check_state_after_k_accepted(loaded, *, atol=1e-5, rtol=1e-5):
             torch.testing.assert_close(spec.cache.states[i].conv, ar.cache.states[i].conv, atol=atol, rtol=rtol)
 
 
+@pytest.mark.e2e
 def test_sampled_self_spec_follows_the_ar_distribution(loaded):
     """The joint law of 4 sampled tokens (top-k 2: at most 16 sequences) matches the exact AR law,
     computed by enumerating every path; self-spec's warm steps accept drafts by rejection sampling."""

@@ -4,12 +4,15 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from tests.conftest import REPO, read_metrics, run_train
 from tests.train_args import train_args
 from train.metrics import RunLogger
+
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
 
 
 def test_resume_continues_the_same_run(demo_kit, tmp_path):

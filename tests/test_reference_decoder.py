@@ -17,6 +17,8 @@ from tests import reference_decoder as ref
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint
 
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
+
 MAX_TOKENS = (24, 7, 24, 13, 24, 5)
 # (arch, clean_causal, within_block_causal, end-of-turn boost, common-token boost). A random model
 # rarely stops or agrees with its own drafts, so two edits make the comparison reach every branch:

@@ -3,11 +3,14 @@
 import json
 import urllib.request
 
+import pytest
 from openai import OpenAI
 
 from benchmark.serving.router import create_router
 from tests.conftest import native_server, serve_app
 from tests.tiny import tiny_checkpoint
+
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
 
 
 def _served(url):

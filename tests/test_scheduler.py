@@ -18,6 +18,8 @@ from inference.native.scheduler import Scheduler
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint
 
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
+
 MAX_TOKENS = (24, 7, 24, 13, 24, 3, 24, 24)
 
 

@@ -9,6 +9,8 @@ from inference import serve
 from inference.sglang_backend.command import FAMILIES, load_family_config
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
+
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sglang_family_dry_run_prints_the_launch_command(family, capsys):

@@ -12,6 +12,8 @@ from openai import OpenAI
 from tests.conftest import native_server
 from tests.tiny import tiny_checkpoint
 
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
+
 MODES = ("causal", "diffusion", "self-spec")
 
 

@@ -16,6 +16,8 @@ import pytest
 from tests.conftest import serve_app
 from tests.tiny import tiny_checkpoint
 
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
+
 KEY = "k3y"
 MSG = [{"role": "user", "content": "Copy: abc"}]
 LIMIT = 16_000

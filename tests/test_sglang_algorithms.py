@@ -18,6 +18,8 @@ from tests.sglang_emulator import EmulatedModelRunner, emulated, serve
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint
 
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
+
 
 @pytest.fixture(scope="module", params=["qwen3", "llama"])
 def loaded(request, tmp_path_factory):

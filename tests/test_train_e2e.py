@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -9,6 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from bdcore.sidecar import read_sidecar
 from tests.conftest import run_train
 from tests.train_args import train_args
+
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
 
 COMMON = {"lr": "1e-3", "log_every": 1}
 

@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -11,6 +12,8 @@ from data.toy_tokenizer import build_char_tokenizer
 from tests.conftest import read_metrics, run_train
 from tests.tiny import tiny_hybrid_config
 from tests.train_args import train_args
+
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
 
 
 def test_hybrid_trains_reloads_and_resumes_exactly(hybrid_kit, tmp_path):
