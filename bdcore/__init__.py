@@ -4,6 +4,9 @@
 - `attention_rule.py`: the one definition of who attends to whom (docs/design.md section 3), used by the
   training rows and by every decode forward of the native engine;
 - `tokens.py`: which ids are `<|mask|>`, end-of-turn and the block filler;
-- `gated_delta.py`: the q/k conventions of gated-delta layers (trainer op and engine recurrence).
-Only torch is needed here (no transformers), so any backend can import it.
+- `gated_delta.py`: the q/k conventions and chunk math of gated-delta layers (trainer op and engine
+  recurrence); `gated_delta_reference.py`: their slow per-token references (tests, benchmark);
+- `decode/`: the decode core: modes, rules, rows, sequences, the runner (see its __init__).
+Importing these needs only torch (no transformers), so any backend can import them; the decode runner
+uses transformers' cache when it runs a model.
 """

@@ -1,7 +1,7 @@
 """The FastAPI app: shared state, the API key middleware, OpenAI-shaped error handlers and the routes.
 
-Concurrent requests are batched into shared forwards by the scheduler (dense models, up to `max_batch`
-in flight; hybrids decode one at a time). What a generation route does lives in generation.py."""
+Concurrent requests are batched into shared forwards by the scheduler (up to `max_batch` in flight, dense
+and hybrid models alike). What a generation route does lives in generation.py."""
 
 from __future__ import annotations
 
