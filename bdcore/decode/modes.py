@@ -4,7 +4,7 @@ A decoder names the forward its sequence needs next (`next_forward`: rows, how m
 cached, whether a later crop may cut back into them) and takes the logits back (`take`): it counts
 the forward, applies the decode rules, pushes emitted tokens to the sequence's sink and crops the
 sequence's cache after a self-spec rejection. Its state (canvas, counters, drafts) lives in plain
-fields, so a batched scheduler, a one-request loop and a trainer's rollout drive the same objects.
+fields, so a batched scheduler and a one-request loop drive the same objects (a rollout loop could too).
 """
 
 from __future__ import annotations
@@ -17,6 +17,18 @@ from bdcore.decode.config import ResolvedDecode
 from bdcore.decode.rows import Rows
 from bdcore.decode.rules import block_decided, denoise_step, first_stop, greedy_accept, speculative_accept
 from bdcore.decode.sequence import Sequence
+
+
+@dataclass
+class CommitStep:
+    """What one forward committed in a diffusion block, and the state it committed it from (recorded for
+    on-policy training: a training forward can revisit exactly this state)."""
+
+    start: int  # position of the block's first slot
+    canvas: list[int] | None  # the canvas rows the forward saw; None: the block's seed, from an AR row
+    slots: list[int]  # committed slots (canvas row j predicts slot j + 1)
+    tokens: list[int]
+    logprobs: list[float]  # the student's log-probability of each, `<|mask|>` banned, temperature 1
 
 
 @dataclass
@@ -76,6 +88,7 @@ class DiffusionDecoder(Decoder):
         self.canvas: list[int] = []
         self.masked: list[bool] = []
         self.steps = 0  # denoise steps spent on the current block
+        self.trace: list[CommitStep] | None = None  # set to a list to record every commit
 
     def next_forward(self) -> Forward:
         B, p = self.block, self.start
@@ -93,17 +106,18 @@ class DiffusionDecoder(Decoder):
         B = self.block
         if self.phase == "denoise":
             self.steps += 1
-            self._denoise(logits[:-1], last_step=self.steps >= self.budget)
+            self._denoise(logits[:-1], list(self.canvas), last_step=self.steps >= self.budget)
         else:
             n = self.start if self.phase == "prefill" else B  # clean rows of this forward
             if self.phase == "commit":
                 self.start += B
             self.canvas = [self.seq.token(logits[n - 1 : n])] + [self.seq.mask_id] * (B - 1)
             self.masked = [False] + [True] * (B - 1)
+            self._record(None, [0], logits[n - 1 : n])
             self.steps = 0
-            if self.fuse_commit:
+            if self.fuse_commit:  # the canvas rode along with its seed slot still masked
                 self.steps = 1
-                self._denoise(logits[n : n + B - 1], last_step=self.budget <= 1)
+                self._denoise(logits[n : n + B - 1], [self.seq.mask_id] * B, last_step=self.budget <= 1)
         if block_decided(self.canvas, self.masked, self.seq.stop_ids):
             stop = first_stop(self.canvas, self.seq.stop_ids)
             self.finished = self.seq.out.push(self.canvas[: stop + 1] if stop is not None else self.canvas)
@@ -112,8 +126,10 @@ class DiffusionDecoder(Decoder):
             self.phase = "denoise"
         return None
 
-    def _denoise(self, rows_logits, *, last_step: bool) -> None:
+    def _denoise(self, rows_logits, seen: list[int], *, last_step: bool) -> None:
+        """One denoise step on canvas rows `rows_logits` computed from the canvas `seen`."""
         seq = self.seq
+        before = list(self.masked) if self.trace is not None else None
         denoise_step(
             rows_logits,
             self.canvas,
@@ -124,6 +140,18 @@ class DiffusionDecoder(Decoder):
             threshold=self.threshold,
             last_step=last_step,
         )
+        if self.trace is not None:
+            committed = [s for s in range(1, len(before)) if before[s] and not self.masked[s]]
+            self._record(seen, committed, rows_logits[[s - 1 for s in committed]])
+
+    def _record(self, seen: list[int] | None, slots: list[int], rows_logits) -> None:
+        """Note the commits of `slots`, scored by the rows that predicted them."""
+        if self.trace is None:
+            return
+        tokens = [self.canvas[s] for s in slots]
+        logp = rows_logits.float().log_softmax(-1)  # <|mask|> is already -inf in the runner's logits
+        scores = [float(logp[i, t]) for i, t in enumerate(tokens)]
+        self.trace.append(CommitStep(self.start, seen, slots, tokens, scores))
 
 
 class SelfSpecDecoder(Decoder):

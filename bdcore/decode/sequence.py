@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from bdcore.decode.gated_delta_layers import DecodePlan, LayerState, roll_back
+from bdcore.decode.rules import first_stop
 from bdcore.decode.sampling import SamplingParams, pick
 
 
@@ -40,13 +41,41 @@ class DecodeStats:
 
 
 class TokenSink(Protocol):
-    """Where a sequence's emitted tokens go (the engine's text output, a trainer's rollout record)."""
+    """Where a sequence's emitted tokens go (the engine's text output, or any other consumer)."""
 
     stats: DecodeStats
 
     def push(self, tokens: list[int]) -> bool:
         """Take tokens the model produced; True once the answer is finished (stop token, length, ...)."""
         ...
+
+
+class AnswerTokens:
+    """The answer's tokens: a stop token (end-of-turn, eos, filler) ends it and counts as generated but is
+    not part of it; so does reaching `max_tokens`. One definition for the server's text output and the
+    trainer's rollouts, so both stop where the other does."""
+
+    def __init__(self, stop_ids: frozenset[int], max_tokens: int, stats: DecodeStats):
+        self.stop_ids, self.max_tokens, self.stats = stop_ids, max_tokens, stats
+        self.tokens: list[int] = []
+        self.stop_token: int | None = None  # the stop token that ended the answer
+        self.finish: str | None = None  # "stop" | "length"
+
+    def push(self, new: list[int]) -> bool:
+        stop = first_stop(new, self.stop_ids)
+        room = self.max_tokens - len(self.tokens)
+        if stop is not None and stop < room:
+            self.stats.generated += stop + 1
+            self.tokens += new[:stop]
+            self.stop_token, self.finish = new[stop], "stop"
+        elif len(new) >= room:
+            self.stats.generated += room
+            self.tokens += new[:room]
+            self.finish = "length"
+        else:
+            self.stats.generated += len(new)
+            self.tokens += new
+        return self.finish is not None
 
 
 @dataclass

@@ -13,10 +13,9 @@ import torch
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.modes import Decoder, make_decoder
-from bdcore.decode.rules import first_stop
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.sequence import DecodeStats, Sequence
+from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence
 from inference.native.loading import LoadedModel
 
 __all__ = ["Cancelled", "DecodeConfig", "Engine", "Generation", "TextOutput"]
@@ -34,17 +33,16 @@ class Cancelled(Exception):
     """The client went away; generation stops at the next emitted token."""
 
 
-class TextOutput:
-    """A sequence's token sink for text: applies end-of-turn/filler, max_tokens and stop strings, and
-    streams the text as it is committed."""
+class TextOutput(AnswerTokens):
+    """A sequence's answer as text: the answer's tokens (end-of-turn/filler and max_tokens), then stop
+    strings, and the text streamed as it is committed."""
 
     def __init__(
         self, tokenizer, params: SamplingParams, stop_ids: frozenset[int], stats: DecodeStats, on_text=None, cancel=None
     ):
-        self.tok, self.params, self.stop_ids, self.stats = tokenizer, params, stop_ids, stats
+        super().__init__(stop_ids, params.max_tokens, stats)
+        self.tok, self.params = tokenizer, params
         self.on_text, self.cancel = on_text, cancel
-        self.tokens: list[int] = []
-        self.finish: str | None = None
         self.text = ""
         self.sent = 0  # characters already streamed
 
@@ -52,19 +50,7 @@ class TextOutput:
         """Add tokens the model produced; True once the output is finished."""
         if self.cancel is not None and self.cancel.is_set():
             raise Cancelled
-        stop = first_stop(new, self.stop_ids)
-        room = self.params.max_tokens - len(self.tokens)
-        if stop is not None and stop < room:
-            self.stats.generated += stop + 1
-            self.tokens += new[:stop]
-            self.finish = "stop"
-        elif len(new) >= room:
-            self.stats.generated += room
-            self.tokens += new[:room]
-            self.finish = "length"
-        else:
-            self.stats.generated += len(new)
-            self.tokens += new
+        super().push(new)
         self.text = self.tok.decode(self.tokens, skip_special_tokens=True)
         cut = min((i for i in (self.text.find(s) for s in self.params.stop) if i >= 0), default=-1)
         if cut >= 0:

@@ -1,0 +1,123 @@
+"""On-policy rollouts and the shared trajectory log-probability.
+
+- A greedy rollout (`train.rollout`) returns what the serving engine returns in diffusion mode, token for
+  token and forward for forward (dense and hybrid, fused and unfused commits, causal and block-causal
+  clean streams), batched or not.
+- Its recorded commits cover the answer exactly once, in order.
+- `train.trajectory.trajectory_logprobs`, one training forward over [prompt, answer ; every recorded
+  canvas], gives the log-probabilities the student had while decoding, and is differentiable.
+- Lockstep: a rank whose rollouts are done keeps running stand-in forwards while another still decodes,
+  without changing its results.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from bdcore.decode.config import DecodeConfig
+from bdcore.decode.sampling import SamplingParams
+from bdcore.tokens import end_of_turn_id, filler_id
+from inference.native.engine import Engine
+from inference.native.loading import load_checkpoint
+from tests.test_invariant_4_self_spec import _prompts
+from tests.tiny import tiny_checkpoint
+from train.config import BlockDiffusionConfig
+from train.model import TwoStreamLM
+from train.rollout import rollout
+from train.trajectory import trajectory_logprobs
+
+MAX_TOKENS = (20, 7, 20, 12)
+
+
+@pytest.fixture(scope="module", params=[("qwen3", True), ("qwen3", False), ("qwen3_5", True)], ids=str)
+def loaded(request, tmp_path_factory):
+    arch, clean_causal = request.param
+    path = tiny_checkpoint(tmp_path_factory.mktemp(arch), arch=arch, bd_size=4, clean_causal=clean_causal)
+    return load_checkpoint(path)
+
+
+def _rollouts(loaded, decode, *, max_tokens=20, sync=None, prompts=None):
+    sc = loaded.sidecar
+    kwargs = {} if sync is None else {"sync": sync}
+    return rollout(
+        loaded.model,
+        prompts or _prompts(loaded.tokenizer, len(MAX_TOKENS), seed=3),
+        mask_id=loaded.mask_id,
+        stop_ids=loaded.stop_ids,
+        bd_size=sc.bd_size,
+        decode=decode,
+        params=SamplingParams(max_tokens=max_tokens),
+        clean_causal=sc.clean_causal,
+        within_block_causal=sc.within_block_causal,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("fuse_commit", [True, False])
+def test_greedy_rollout_equals_the_serving_engine(loaded, fuse_commit):
+    decode = DecodeConfig(mode="diffusion", threshold=0.3, fuse_commit=fuse_commit)
+    engine = Engine(loaded, decode)
+    prompts = _prompts(loaded.tokenizer, len(MAX_TOKENS), seed=3)
+    for max_tokens in (20, 7):
+        got = _rollouts(loaded, decode, max_tokens=max_tokens, prompts=prompts)
+        for prompt, ro in zip(prompts, got):
+            want = engine.generate(prompt, SamplingParams(max_tokens=max_tokens))
+            assert ro.tokens == want.tokens
+            assert (ro.stats.generated, ro.stats.forwards) == (want.stats.generated, want.stats.forwards)
+            assert (ro.stop_token is not None) == (want.finish_reason == "stop")
+
+
+def test_recorded_commits_cover_the_answer_once(loaded):
+    for ro in _rollouts(loaded, DecodeConfig(mode="diffusion", threshold=0.3)):
+        P = len(ro.prompt_ids)
+        placed = {}
+        for step in ro.steps:
+            for s, t in zip(step.slots, step.tokens):
+                assert step.start + s not in placed, "a slot is committed once"
+                placed[step.start + s] = t
+        answer = {P + i: t for i, t in enumerate(ro.response)}
+        assert {p: placed[p] for p in answer} == answer
+        assert all(step.canvas is None or len(step.canvas) == 4 for step in ro.steps)
+
+
+def test_trajectory_logprobs_equal_the_rollout_and_are_differentiable(loaded):
+    sc = loaded.sidecar
+    rollouts = _rollouts(loaded, DecodeConfig(mode="diffusion", threshold=0.3))
+    cfg = BlockDiffusionConfig(
+        bd_size=sc.bd_size,
+        ar_loss_weight=sc.ar_loss_weight,
+        clean_causal=sc.clean_causal,
+        within_block_causal=sc.within_block_causal,
+    )
+    lm = TwoStreamLM(copy.deepcopy(loaded.model), cfg)
+    filler = filler_id(loaded.tokenizer, end_of_turn_id(loaded.tokenizer))
+    got = trajectory_logprobs(lm, rollouts, mask_id=loaded.mask_id, filler_id=filler)
+    for ro, logp in zip(rollouts, got):
+        end = len(ro.prompt_ids) + len(ro.response)
+        want = [lp for st in ro.steps for s, lp in zip(st.slots, st.logprobs) if st.start + s < end]
+        assert len(want) == len(ro.response)
+        torch.testing.assert_close(logp.detach(), torch.tensor(want), atol=2e-4, rtol=1e-4)
+    sum(x.sum() for x in got).backward()
+    grads = [p.grad for p in lm.parameters() if p.requires_grad]
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_lockstep_stand_in_forwards_leave_results_unchanged(loaded):
+    decode = DecodeConfig(mode="diffusion", threshold=0.3)
+    alone = _rollouts(loaded, decode)
+    calls = []
+    extra = 5  # another rank still decodes for 5 forwards after this one is done
+
+    def sync(active: bool) -> bool:
+        calls.append(active)
+        return active or sum(1 for a in calls if not a) <= extra
+
+    forwards = []
+    hook = loaded.model.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        locked = _rollouts(loaded, decode, sync=sync)
+    finally:
+        hook.remove()
+    assert [r.tokens for r in locked] == [r.tokens for r in alone]
+    assert len(forwards) == calls.count(True) + extra

@@ -1,0 +1,106 @@
+"""Student rollouts for on-policy training: the serving engine's diffusion decoding, recorded.
+
+Each prompt is decoded by the same decoders (`bdcore.decode.modes`) and runner as `serve.py --mode
+diffusion`, batched, KV-cached, under no-grad, with the model in eval mode; every forward's commits
+are recorded as `CommitStep`s (the canvas the forward saw, which slots it committed, with what
+log-probability), so a training forward can later revisit the exact states the student visited.
+
+Several ranks (FSDP2): every forward all-gathers parameters, so every rank must run the same number of
+forwards. Rollouts therefore run in lockstep: after each forward the ranks agree whether any of them
+still decodes, and a rank whose rollouts are done runs a one-row stand-in forward until all are. This
+keeps the sharded model as it is (no unsharding of a model that may not fit one device), at the cost of
+idle forwards on the ranks that finish first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from bdcore.decode.config import DecodeConfig
+from bdcore.decode.modes import CommitStep, DiffusionDecoder, Forward, make_decoder
+from bdcore.decode.rows import Rows
+from bdcore.decode.runner import ModelRunner
+from bdcore.decode.sampling import SamplingParams
+from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, SequenceCache
+
+
+@dataclass
+class Rollout:
+    prompt_ids: list[int]
+    tokens: list[int]  # the answer, without its stop token
+    stop_token: int | None  # the token that ended it (None: cut at max_tokens)
+    steps: list[CommitStep] = field(default_factory=list)
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+    @property
+    def response(self) -> list[int]:
+        """The answer as a training row holds it: with its stop token."""
+        return self.tokens + ([self.stop_token] if self.stop_token is not None else [])
+
+
+def any_rank_active(active: bool) -> bool:
+    """True while some rank still decodes (one all-reduce; a single process answers for itself)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return active
+    flag = torch.tensor([1 if active else 0], device=_collective_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _collective_device() -> torch.device:
+    import torch.distributed as dist
+
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+@torch.no_grad()
+def rollout(
+    model,
+    prompts: list[list[int]],
+    *,
+    mask_id: int,
+    stop_ids: frozenset[int],
+    bd_size: int,
+    decode: DecodeConfig,
+    params: SamplingParams,
+    clean_causal: bool = True,
+    within_block_causal: bool = False,
+    seed: int = 0,
+    sync: Callable[[bool], bool] = any_rank_active,
+) -> list[Rollout]:
+    """Decode every prompt with the student (diffusion mode) and record its commits; one batched
+    forward per step over the prompts still decoding. Sampling seeds are `seed + index`."""
+    if decode.mode != "diffusion":
+        raise ValueError(f"on-policy rollouts decode in diffusion mode, not {decode.mode!r}")
+    was_training = model.training
+    model.eval()
+    try:
+        runner = ModelRunner(model, banned=mask_id, clean_causal=clean_causal, within_block_causal=within_block_causal)
+        resolved = decode.resolve(bd_size)
+        decoders, sinks = [], []
+        for i, prompt in enumerate(prompts):
+            sink = AnswerTokens(stop_ids, params.max_tokens, DecodeStats())
+            gen = torch.Generator().manual_seed(seed + i)
+            seq = Sequence(list(prompt), params, gen, sink, mask_id, stop_ids, block_causal=not clean_causal)
+            decoder = make_decoder(resolved, seq)
+            assert isinstance(decoder, DiffusionDecoder)
+            decoder.trace = []
+            decoders.append(decoder)
+            sinks.append(sink)
+        stand_in = SequenceCache()
+        while sync(any(not d.finished for d in decoders)):
+            active = [d for d in decoders if not d.finished]
+            if not active:  # lockstep: this rank is done, others are not
+                runner.forward([(stand_in, Forward(Rows().clean([mask_id], 0), 0))])
+                continue
+            logits = runner.forward([(d.seq.cache, d.next_forward()) for d in active])
+            for d, lg in zip(active, logits):
+                d.take(lg)
+        return [Rollout(list(p), s.tokens, s.stop_token, d.trace, s.stats) for p, s, d in zip(prompts, sinks, decoders)]
+    finally:
+        model.train(was_training)
