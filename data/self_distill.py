@@ -31,7 +31,7 @@ import torch
 from bdcore.decode.modes import CausalDecoder
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.sequence import DecodeStats, Sequence
+from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence
 from bdcore.tokens import end_of_turn_id
 
 
@@ -41,27 +41,6 @@ class PromptError(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
-
-
-class AnswerSink:
-    """Records an answer's tokens until a stop token (not recorded) or `max_new` tokens."""
-
-    def __init__(self, max_new: int, stop_ids: frozenset[int], eot_id: int):
-        self.max_new, self.stop_ids, self.eot_id = max_new, stop_ids, eot_id
-        self.stats = DecodeStats()
-        self.tokens: list[int] = []
-        self.end: int | None = None  # the stop token, None when cut at the limit
-
-    def push(self, new: list[int]) -> bool:
-        for t in new:
-            self.stats.generated += 1
-            if t in self.stop_ids:
-                self.end = t
-                return True
-            self.tokens.append(t)
-            if len(self.tokens) >= self.max_new:
-                return True
-        return False
 
 
 @dataclass
@@ -169,7 +148,7 @@ def distill(loaded, records: list[dict], out_path: Path, args, *, progress: bool
         while pending or active:
             while pending and len(active) < args.batch:
                 r = pending.pop()
-                sink = AnswerSink(args.max_new_tokens, loaded.stop_ids, eot)
+                sink = AnswerTokens(loaded.stop_ids, args.max_new_tokens, DecodeStats())
                 gen = torch.Generator().manual_seed(r.seed if r.seed is not None else 0)
                 sp = SamplingParams(**params, seed=r.seed)
                 seq = Sequence(list(r.ids), sp, gen, sink, loaded.mask_id, loaded.stop_ids, block_causal)
@@ -210,12 +189,12 @@ def distill(loaded, records: list[dict], out_path: Path, args, *, progress: bool
 
 def _finish(tok, r: Request, eot: int, stats: dict) -> dict | None:
     """The output line for a finished answer, or None (dropped, counted by reason)."""
-    sink: AnswerSink = r.decoder.seq.out
+    sink: AnswerTokens = r.decoder.seq.out
     stats["generated_tokens"] += sink.stats.generated
-    if sink.end is None:
+    if sink.stop_token is None:
         reason = "length"
-    elif sink.end != eot:
-        reason = f"stop_token:{tok.convert_ids_to_tokens(sink.end)}"
+    elif sink.stop_token != eot:
+        reason = f"stop_token:{tok.convert_ids_to_tokens(sink.stop_token)}"
     elif not sink.tokens:
         reason = "empty"  # training on it would teach the model to stop at once
     else:
