@@ -36,6 +36,8 @@ class ScoredRows:
     rows: torch.Tensor  # [N] flat index (row * T + t) of the row predicting each committed token
     targets: torch.Tensor  # [N] the committed tokens
     owner: torch.Tensor  # [N] index of the rollout each token belongs to
+    index: torch.Tensor  # [N] its place in that rollout's response
+    from_canvas: torch.Tensor  # [N] bool: committed from a canvas (False: a seed, from an AR row)
 
 
 def _empty() -> torch.Tensor:
@@ -61,7 +63,7 @@ class _Row:
 
 def trajectory_rows(rollouts: list[Rollout], *, block: int, filler_id: int) -> ScoredRows:
     """Lay out every rollout as one row: [clean prompt + answer ; one segment per recorded canvas]."""
-    built, rows, targets, owner = [], [], [], []
+    built, rows, targets, owner, index, from_canvas = [], [], [], [], [], []
     for r, ro in enumerate(rollouts):
         P, resp = len(ro.prompt_ids), ro.response
         end = P + len(resp)  # positions at or past `end` lie beyond the answer
@@ -79,6 +81,7 @@ def trajectory_rows(rollouts: list[Rollout], *, block: int, filler_id: int) -> S
                 first = row.add(step.canvas, view, step.start, (step.start - P) // block, step.start) - 1
             for s, t in kept:
                 rows.append((r, first + s)), targets.append(t), owner.append(r)
+                index.append(step.start + s - P), from_canvas.append(step.canvas is not None)
         built.append(row.cols)
     T = max(len(cols["input"]) for cols in built)
     pad = {"input": filler_id, "stream": PAD_STREAM, "doc": -1, "pos": 0, "blk": -1, "bstart": 0}
@@ -96,7 +99,8 @@ def trajectory_rows(rollouts: list[Rollout], *, block: int, filler_id: int) -> S
         diff_rate=torch.zeros(0),
     )
     flat = torch.tensor([r * T + i for r, i in rows], dtype=torch.long)
-    return ScoredRows(batch, flat, torch.tensor(targets, dtype=torch.long), torch.tensor(owner, dtype=torch.long))
+    as_long = [torch.tensor(x, dtype=torch.long) for x in (targets, owner, index)]
+    return ScoredRows(batch, flat, *as_long, torch.tensor(from_canvas, dtype=torch.bool))
 
 
 def trajectory_logprobs(lm, rollouts: list[Rollout], *, mask_id: int, filler_id: int) -> list[torch.Tensor]:
