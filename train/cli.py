@@ -116,6 +116,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="Liger fused linear cross entropy (auto: on when CUDA and liger-kernel are present)",
     )
     e.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
+
+    o = p.add_argument_group(
+        "on-policy distillation",
+        "The student decodes dataset prompts in diffusion mode as the server would; the frozen AR teacher "
+        "scores the answers; the loss is KL(teacher || student) at the slots each revisited state committed.",
+    )
+    o.add_argument("--opd_on_policy", action="store_true", help="train by on-policy distillation (off: SFT)")
+    o.add_argument("--opd_teacher", default=None, help="the frozen AR teacher (default: --model_id before conversion)")
+    o.add_argument("--opd_threshold", type=float, default=0.9, help="rollout commit threshold (default 0.9)")
+    o.add_argument("--opd_temperature", type=float, default=0.0, help="rollout temperature (default 0: greedy)")
+    o.add_argument("--opd_max_new_tokens", type=int, default=128, help="rollout answer length cap (default 128)")
+    o.add_argument("--opd_prompts_per_step", type=int, default=4, help="rollouts per rank per step (default 4)")
+    o.add_argument(
+        "--opd_states_per_block", type=int, default=1, help="canvas states revisited per block (default 1; 0: all)"
+    )
+    o.add_argument("--opd_ar_weight", type=float, default=0.1, help="weight of the AR-row KL (default 0.1)")
+    o.add_argument(
+        "--opd_sft_weight", type=float, default=0.0, help="weight of two-stream SFT on dataset rows (default 0)"
+    )
     return p
 
 
@@ -165,9 +184,28 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     if args.resume is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.resume))):
         bad("--resume", f"{args.resume} is not a directory")
     _check_model_id(args.model_id)
+    _check_opd(args, bad)
     if args.ar_only:
         args.views, args.ar_loss_weight = 0, 1.0
     return args
+
+
+def _check_opd(args, bad) -> None:
+    if not args.opd_on_policy:
+        return
+    if args.ar_only:
+        bad("--opd_on_policy", "distils a block-diffusion student; it has no meaning with --ar_only")
+    for flag in ("opd_max_new_tokens", "opd_prompts_per_step"):
+        if getattr(args, flag) < 1:
+            bad(f"--{flag}", f"must be >= 1, got {getattr(args, flag)}")
+    for flag in ("opd_threshold", "opd_temperature", "opd_states_per_block", "opd_ar_weight", "opd_sft_weight"):
+        if not getattr(args, flag) >= 0:
+            bad(f"--{flag}", f"must be >= 0, got {getattr(args, flag)}")
+    if args.opd_teacher is not None:
+        try:
+            _check_model_id(args.opd_teacher)
+        except FlagError as e:
+            bad("--opd_teacher", str(e).split(": ", 1)[1])
 
 
 def _check_model_id(model_id: str) -> None:

@@ -78,6 +78,9 @@ RESUME_MUST_MATCH = (
     "seed",
     "micro_batch_size",
     "grad_accum",
+    "opd_on_policy",
+    "opd_prompts_per_step",
+    "opd_states_per_block",
 )
 # What shapes the learning-rate schedule: a resume may change these only with --allow_schedule_change.
 SCHEDULE_FLAGS = ("max_steps", "lr", "warmup", "lr_min_ratio")
@@ -140,6 +143,21 @@ class EfficiencySection:
     compile: bool = False
 
 
+@dataclass(frozen=True)
+class OPDSection:
+    """On-policy distillation (`train/opd.py`): off unless `opd_on_policy`."""
+
+    opd_on_policy: bool = False
+    opd_teacher: str | None = None  # the frozen AR teacher (default: --model_id as loaded, before conversion)
+    opd_threshold: float = 0.9  # rollout commit threshold (the server's default)
+    opd_temperature: float = 0.0  # rollout sampling temperature (0: greedy, the server's default)
+    opd_max_new_tokens: int = 128
+    opd_prompts_per_step: int = 4  # rollouts per rank per optimizer step
+    opd_states_per_block: int = 1  # canvas states revisited per block (0: every one)
+    opd_ar_weight: float = 0.1  # weight of the KL on the clean stream's AR rows
+    opd_sft_weight: float = 0.0  # weight of the two-stream SFT loss on dataset rows (0: OPD alone)
+
+
 # The CLI flags `diffusion` holds; the rest of BlockDiffusionConfig (clean_causal, min_rate) is derived or fixed.
 DIFFUSION_FLAGS = ("bd_size", "ar_loss_weight", "ar_only", "within_block_causal", "loss_weighting", "views")
 
@@ -156,6 +174,7 @@ class JobConfig:
     checkpoint: CheckpointSection
     logging: LoggingSection
     efficiency: EfficiencySection
+    opd: OPDSection
 
     @classmethod
     def from_args(cls, args) -> JobConfig:
@@ -181,6 +200,7 @@ class JobConfig:
             checkpoint=section(CheckpointSection),
             logging=section(LoggingSection),
             efficiency=section(EfficiencySection),
+            opd=section(OPDSection),
         )
         unplaced = set(flags) - set(config.flags())
         if unplaced:  # a flag added to the parser but to no section would be silently ignored
@@ -190,7 +210,7 @@ class JobConfig:
     def flags(self) -> dict:
         """The resolved flags by name, as run_config.json and the checkpoint's trainer state record them."""
         out = {**asdict(self.model), **{k: getattr(self.diffusion, k) for k in DIFFUSION_FLAGS}}
-        for part in (self.data, self.training, self.optim, self.checkpoint, self.logging, self.efficiency):
+        for part in (self.data, self.training, self.optim, self.checkpoint, self.logging, self.efficiency, self.opd):
             out.update(asdict(part))
         if out["length_buckets"] is not None:
             out["length_buckets"] = list(out["length_buckets"])

@@ -116,8 +116,15 @@ class TwoStreamLM(nn.Module):
         """Logits at every row, [B, T, V]: for tests and inspection, not for training."""
         return self.model.get_output_embeddings()(self.hidden_states(batch))
 
-    def forward(self, batch: TwoStreamBatch, *, diff_norm=None, ar_norm=None) -> LossParts:
+    def forward(
+        self, batch: TwoStreamBatch, *, diff_norm=None, ar_norm=None, rows: torch.Tensor | None = None
+    ) -> LossParts | torch.Tensor:
+        """The block-diffusion loss of the batch (`LossParts`), or with `rows` (flat indices) the logits
+        [len(rows), V] there, for objectives that score chosen rows (on-policy distillation, RL). Both go
+        through forward so that FSDP gathers the embeddings, final norm and head around them."""
         hidden = self.hidden_states(batch).flatten(0, 1)
+        if rows is not None:
+            return self.model.get_output_embeddings()(hidden[rows]).float()
         weight = self.model.get_output_embeddings().weight
         use_ar = self.cfg.ar_loss_weight > 0
         index = torch.cat([batch.diff_index, batch.ar_index]) if use_ar else batch.diff_index

@@ -22,17 +22,6 @@ from train.rows import Sample
 from train.trajectory import trajectory_rows
 
 
-@dataclass(frozen=True)
-class OPDSettings:
-    threshold: float = 0.9  # rollout commit threshold (the server's default)
-    temperature: float = 0.0  # rollout sampling (0: greedy, what the server does by default)
-    max_new_tokens: int = 128
-    prompts_per_step: int = 4  # per rank
-    states_per_block: int = 1  # canvas states revisited per block (0: every one)
-    ar_weight: float = 0.1  # weight of the AR-row KL
-    sft_weight: float = 0.0  # weight of the two-stream SFT loss on dataset rows (0: OPD alone)
-
-
 @dataclass
 class OPDParts:
     loss: torch.Tensor
@@ -103,8 +92,7 @@ def opd_loss(
         ar_owner += [r] * len(ro.response)
         ar_pos += list(range(len(ro.response)))
     rows = torch.cat([canvas_rows, torch.tensor(ar_rows, dtype=torch.long)]).to(device)
-    hidden = lm.hidden_states(batch).flatten(0, 1)[rows]
-    logits = lm.model.get_output_embeddings()(hidden).float()
+    logits = lm(batch, rows=rows)
     logits[:, mask_id] = float("-inf")
     student = logits.log_softmax(-1)
     owner = torch.cat([scored.owner[scored.from_canvas], torch.tensor(ar_owner, dtype=torch.long)])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,6 +40,7 @@ class StepResult:
     diff_tokens: float
     ar_tokens: float
     seconds: float
+    extra: dict = field(default_factory=dict)  # on-policy distillation metrics (means over ranks)
 
 
 class Trainer:
@@ -97,6 +98,15 @@ class Trainer:
                 f"warning: --resume {self.resume.checkpoint}: the lr schedule changes from step {self.step}: "
                 f"{schedule_changes}"
             )
+        self.opd = None
+        if config.opd.opd_on_policy:
+            from train.opd_trainer import OnPolicyDistiller
+
+            special = self.tokens.special
+            samples = [s for row in self.data.rows for s in row]
+            self.opd = OnPolicyDistiller(
+                config, self.tokens.tokenizer, special.mask_id, special.filler_id, samples, info.device
+            )
         self.offload = (
             torch.autograd.graph.save_on_cpu(pin_memory=True)
             if config.efficiency.activation_offload
@@ -104,8 +114,42 @@ class Trainer:
         )
 
     def train_step(self) -> StepResult:
-        """Optimizer step `self.step` over `grad_accum` micro-batches; advances `self.step`."""
+        """Optimizer step `self.step` over `grad_accum` micro-batches (and, with --opd_on_policy, one
+        on-policy distillation step); advances `self.step`."""
         t0 = time.perf_counter()
+        sft_weight = self.config.opd.opd_sft_weight if self.opd else 1.0
+        sums = torch.zeros(3, dtype=torch.float64, device=self.info.device)
+        counts = (0.0, 0.0, 0.0)
+        if sft_weight > 0:
+            counts = self._sft_backward(sums, sft_weight, sync_last=self.opd is None)
+        extra = {}
+        if self.opd is not None:
+            self.model.set_requires_gradient_sync(True)
+            extra = self.opd.step(self.model, self.step, self.info.rank)
+            sums[0] += extra["opd_loss"]
+            extra = self._mean_over_ranks(extra)
+        clip = self.config.optim.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        dist.all_reduce(sums)
+        loss, diff, ar = (sums / self.info.world_size).tolist()
+        self.step += 1
+        n_tokens, n_diff, a_norm = counts
+        return StepResult(loss, diff, ar, lr, norm, n_tokens, n_diff, a_norm, time.perf_counter() - t0, extra)
+
+    def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
+        keys = sorted(metrics)
+        values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=self.info.device)
+        dist.all_reduce(values)
+        return dict(zip(keys, (values / self.info.world_size).tolist()))
+
+    def _sft_backward(self, sums: torch.Tensor, weight: float, *, sync_last: bool) -> tuple[float, float, float]:
+        """The two-stream SFT loss of this step's micro-batches, scaled by `weight`, backpropagated; adds
+        (loss, diff, ar) to `sums`; returns the global (tokens, diffusion targets, AR targets)."""
         info, diffusion = self.info, self.config.diffusion
         rows, row_lengths = self.data.rows, self.data.lengths
         batches = []
@@ -125,24 +169,13 @@ class Trainer:
         ]
         d_norm, a_norm, n_diff, n_tokens = all_reduce_sum(local, info.device)
         world = info.world_size
-        sums = torch.zeros(3, dtype=torch.float64, device=info.device)
         for micro, batch in enumerate(batches):
-            self.model.set_requires_gradient_sync(micro == len(batches) - 1)
+            self.model.set_requires_gradient_sync(sync_last and micro == len(batches) - 1)
             with self.offload:
                 parts = self.model(batch.to(info.device), diff_norm=d_norm / world, ar_norm=a_norm / world)
-                parts.loss.backward()
-            sums += torch.stack([parts.loss.detach(), parts.diff, parts.ar]).double()
-        clip = self.config.optim.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce(sums)
-        loss, diff, ar = (sums / world).tolist()
-        self.step += 1
-        return StepResult(loss, diff, ar, lr, norm, n_tokens, n_diff, a_norm, time.perf_counter() - t0)
+                (parts.loss * weight if weight != 1.0 else parts.loss).backward()
+            sums += torch.stack([parts.loss.detach() * weight, parts.diff, parts.ar]).double()
+        return n_tokens, n_diff, a_norm
 
     def metrics_record(self, result: StepResult) -> dict:
         """The metrics.jsonl record of the step just taken."""
@@ -161,6 +194,7 @@ class Trainer:
             "epoch": self.stream.epoch,
             "peak_mem_mib": peak_memory_mib(self.info.device),
             "step_time_s": dt,
+            **result.extra,
         }
 
     def save(self, name: str) -> Path:

@@ -110,8 +110,7 @@ def trajectory_logprobs(lm, rollouts: list[Rollout], *, mask_id: int, filler_id:
     scored = trajectory_rows(rollouts, block=lm.cfg.bd_size, filler_id=filler_id)
     device = next(lm.parameters()).device
     batch = scored.batch.to(device)
-    hidden = lm.hidden_states(batch).flatten(0, 1)[scored.rows.to(device)]
-    logits = lm.model.get_output_embeddings()(hidden).float()
+    logits = lm(batch, rows=scored.rows.to(device))
     logits[:, mask_id] = float("-inf")
     logp = logits.log_softmax(-1).gather(-1, scored.targets.to(device)[:, None]).squeeze(-1)
     return [logp[scored.owner.to(device) == r] for r in range(len(rollouts))]

@@ -1,0 +1,117 @@
+"""One on-policy distillation step inside the trainer (`train.py --opd_on_policy`).
+
+Per optimizer step each rank draws `--opd_prompts_per_step` prompts (a generator seeded by seed, rank
+and step, so a resumed run draws what the uninterrupted run drew), the student rolls them out with
+the serving engine's diffusion decoding, the frozen teacher scores the answers, and the OPD loss
+(`train/opd.py`) is backpropagated through the student's training forward. The teacher is a plain
+frozen copy on every rank (not sharded).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from bdcore.decode.config import DecodeConfig
+from bdcore.decode.sampling import SamplingParams
+from bdcore.gated_delta import is_hybrid
+from bdcore.tokens import stop_ids
+from train.config import FlagError, JobConfig
+from train.hybrid import patch_gated_delta_layers
+from train.noise import noise_generator
+from train.opd import choose_states, opd_loss, teacher_logprobs
+from train.rollout import Rollout, rollout
+from train.rows import Sample
+
+OPD_STREAM = 1 << 20  # micro-step slot of the OPD draws in `noise_generator`, apart from the SFT micro-steps
+
+
+def load_teacher(path: str, device: torch.device, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        teacher = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    except (OSError, ValueError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise FlagError("--opd_teacher", f"cannot load {path} ({reason}); pass a causal LM directory") from e
+    return teacher.to(device).eval().requires_grad_(False)
+
+
+class OnPolicyDistiller:
+    def __init__(self, config: JobConfig, tokenizer, mask_id: int, filler_id: int, samples: list[Sample], device):
+        self.config, self.opd = config, config.opd
+        self.mask_id, self.filler_id = mask_id, filler_id
+        self.stop_ids = stop_ids(tokenizer)
+        self.prompts = [list(s.input_ids[: s.spans[-1][0]]) for s in samples]
+        dtype = torch.bfloat16 if device.type == "cuda" and config.model.dtype != "fp32" else torch.float32
+        self.teacher = load_teacher(self.opd.opd_teacher or config.model.model_id, device, dtype)
+        self.decode = DecodeConfig(mode="diffusion", threshold=self.opd.opd_threshold)
+        self.params = SamplingParams(temperature=self.opd.opd_temperature, max_tokens=self.opd.opd_max_new_tokens)
+
+    def step(self, lm, step: int, rank: int) -> dict[str, float]:
+        """Rollouts, teacher, loss and backward for one optimizer step; returns this rank's metrics."""
+        gen = noise_generator(self.config.training.seed, rank, step, OPD_STREAM)
+        picks = torch.randint(len(self.prompts), (self.opd.opd_prompts_per_step,), generator=gen).tolist()
+        t0 = time.perf_counter()
+        seed = int(torch.randint(1 << 30, (), generator=gen))
+        rollouts = self._rollouts(lm, [self.prompts[i] for i in picks], seed=seed)
+        t1 = time.perf_counter()
+        teacher_logp = teacher_logprobs(self.teacher, rollouts, mask_id=self.mask_id)
+        t2 = time.perf_counter()
+        chosen = [choose_states(r, self.opd.opd_states_per_block, gen) for r in rollouts]
+        parts = opd_loss(
+            lm, chosen, teacher_logp, mask_id=self.mask_id, filler_id=self.filler_id, ar_weight=self.opd.opd_ar_weight
+        )
+        parts.loss.backward()
+        t3 = time.perf_counter()
+        generated = sum(r.stats.generated for r in rollouts)
+        agree = sum(
+            int((lp.argmax(-1).cpu() == torch.tensor(r.response)).sum()) for r, lp in zip(rollouts, teacher_logp)
+        )
+        return {
+            "opd_loss": float(parts.loss.detach()),
+            "opd_kl": float(parts.kl),
+            "opd_ar_kl": float(parts.ar_kl),
+            "opd_kl_tokens": parts.kl_tokens,
+            "rollout_len": generated / len(rollouts),
+            "rollout_tokens_per_forward": generated / max(1, sum(r.stats.forwards for r in rollouts)),
+            # answer tokens the teacher would have picked: a proxy for self-spec acceptance
+            "teacher_agreement": agree / max(1, sum(len(r.response) for r in rollouts)),
+            "t_rollout_s": t1 - t0,
+            "t_teacher_s": t2 - t1,
+            "t_student_s": t3 - t2,
+        }
+
+    def _rollouts(self, lm, prompts: list[list[int]], *, seed: int) -> list[Rollout]:
+        """The student decodes as the server does: plain SDPA with the decode masks (the trainer may have
+        switched the model to its block-sparse or flex attention), gated-delta layers in decode form, and
+        the FSDP root's parameters (embeddings, final norm, head) gathered around the whole rollout."""
+        model, cfg = lm.model, self.config.diffusion
+        impl = model.config._attn_implementation
+        fsdp_root = hasattr(lm, "unshard")
+        model.config._attn_implementation = "sdpa"
+        if fsdp_root:
+            # FSDP2 names its root at the first forward; the rollout calls the decoder layers before the
+            # root ever runs, so name the root first (a no-op once a training forward has run).
+            lm._get_fsdp_state()._lazy_init()
+            lm.unshard()
+        try:
+            return rollout(
+                model,
+                prompts,
+                mask_id=self.mask_id,
+                stop_ids=self.stop_ids,
+                bd_size=cfg.bd_size,
+                decode=self.decode,
+                params=self.params,
+                clean_causal=cfg.clean_causal,
+                within_block_causal=cfg.within_block_causal,
+                seed=seed,
+            )
+        finally:
+            model.config._attn_implementation = impl
+            if is_hybrid(model.config):  # back to the two-stream forward the training rows need
+                patch_gated_delta_layers(model)
+            if fsdp_root:
+                lm.reshard()
