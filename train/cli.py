@@ -131,7 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--opd_states_per_block", type=int, default=1, help="canvas states revisited per block (default 1; 0: all)"
     )
-    o.add_argument("--opd_ar_weight", type=float, default=0.1, help="weight of the AR-row KL (default 0.1)")
+    o.add_argument(
+        "--opd_ar_weight",
+        type=float,
+        default=1.0,
+        help="weight of the AR-row KL, which keeps the AR head (the self-spec verifier) on the teacher (default 1)",
+    )
     o.add_argument(
         "--opd_sft_weight", type=float, default=0.0, help="weight of two-stream SFT on dataset rows (default 0)"
     )

@@ -154,7 +154,7 @@ class OPDSection:
     opd_max_new_tokens: int = 128
     opd_prompts_per_step: int = 4  # rollouts per rank per optimizer step
     opd_states_per_block: int = 1  # canvas states revisited per block (0: every one)
-    opd_ar_weight: float = 0.1  # weight of the KL on the clean stream's AR rows
+    opd_ar_weight: float = 1.0  # weight of the KL on the clean stream's AR rows
     opd_sft_weight: float = 0.0  # weight of the two-stream SFT loss on dataset rows (0: OPD alone)
 
 

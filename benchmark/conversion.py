@@ -1,0 +1,160 @@
+"""Conversion efficiency: what the same base model, prompts and wall-clock budget buy with each recipe.
+
+    python -m benchmark.conversion --base runs/demo/ar/final --sft-data runs/demo/kit/train.jsonl \\
+        --heldout runs/demo/kit/eval.jsonl --budget-min 3 --bd-size 8 --out runs/conversion-demo
+
+Arms (each one `train.py` run on the same base, sized to the budget by a 3-step calibration run):
+- `sft`: two-stream SFT on the given data;
+- `sft_self`: two-stream SFT on self-distilled data (`data.self_distill`: the base model's own greedy
+  answers to the same prompts, answers cut at the limit dropped);
+- `opd`: on-policy distillation alone (`--opd_on_policy`), prompts from the given data;
+- `sft_opd`: 30% of the budget of `sft_self` as a warm start, then OPD for the rest.
+Every checkpoint (and the base, causal only) is then evaluated on the held-out prompts side by side
+(`benchmark/conversion_eval.py`), and one table is printed with the command that produced it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ARMS = ("sft", "sft_self", "opd", "sft_opd")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(cmd: list[str], log: Path) -> float:
+    start = time.perf_counter()
+    with open(log, "w") as f:
+        done = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise SystemExit(f"conversion: {' '.join(cmd[:4])} ... failed; see {log}")
+    return time.perf_counter() - start
+
+
+def _train(args, out: Path, name: str, model: str, data: Path, steps: int, extra: list[str]) -> float:
+    cmd = [sys.executable, "train.py", "--model_id", model, "--dataset", str(data), "--max_steps", str(steps)]
+    cmd += ["--warmup", str(max(1, steps // 20)), "--log_every", "1", "--save_dir", str(out / name)]
+    cmd += shlex.split(args.train_flags) + extra
+    return _run(cmd, out / f"{name}.log")
+
+
+def _steps_for(args, out: Path, name: str, model: str, data: Path, extra: list[str], seconds: float) -> int:
+    """Steps that fit `seconds`, from the step time of a short calibration run (its first step excluded)."""
+    _train(args, out, f"calibrate-{name}", model, data, 3, extra)
+    records = (out / f"calibrate-{name}" / "metrics.jsonl").read_text().splitlines()
+    times = [json.loads(x)["step_time_s"] for x in records]
+    per_step = sum(times[1:]) / max(1, len(times) - 1)
+    return max(2, int(seconds / per_step))
+
+
+def _prompts_file(sft_data: Path, out: Path) -> Path:
+    """The given chats with their last assistant turn removed: the prompts every arm answers."""
+    path = out / "prompts.jsonl"
+    with open(path, "w") as f:
+        for line in sft_data.read_text().splitlines():
+            msgs = json.loads(line)["messages"]
+            while msgs and msgs[-1]["role"] == "assistant":
+                msgs = msgs[:-1]
+            if msgs:
+                f.write(json.dumps({"messages": msgs}) + "\n")
+    return path
+
+
+def run(args) -> list[dict]:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    budget = args.budget_min * 60
+    opd = ["--opd_on_policy", *shlex.split(args.opd_flags)]
+    prompts = Path(args.prompts) if args.prompts else _prompts_file(Path(args.sft_data), out)
+    self_data = out / "self_distilled.jsonl"
+    rows = []
+    if {"sft_self", "sft_opd"} & set(args.arms):
+        cmd = [sys.executable, "-m", "data.self_distill", "--model", args.base, "--prompts", str(prompts)]
+        cmd += ["--out", str(self_data), "--max-new-tokens", str(args.max_tokens), "--batch", "8", "--no-progress"]
+        seconds = _run(cmd, out / "self_distill.log")
+        stats = json.loads(Path(f"{self_data}.stats.json").read_text())
+        kept, dropped = stats.get("kept"), stats.get("dropped")
+        print(f"self-distilled data: {kept} answers kept, dropped {dropped} ({seconds:.0f} s)", flush=True)
+    plans = {
+        "sft": [("sft", args.base, Path(args.sft_data), [], 1.0)],
+        "sft_self": [("sft_self", args.base, self_data, [], 1.0)],
+        "opd": [("opd", args.base, Path(args.sft_data), opd, 1.0)],
+        "sft_opd": [("warm", args.base, self_data, [], 0.3), ("sft_opd", None, Path(args.sft_data), opd, 0.7)],
+    }
+    for arm in args.arms:
+        wall, steps = 0.0, []
+        for name, model, data, extra, share in plans[arm]:
+            model = model or str(out / "warm" / "final")
+            n = _steps_for(args, out, name, model, data, extra, budget * share)
+            wall += _train(args, out, name, model, data, n, extra)
+            steps.append(n)
+        rows.append({"arm": arm, "steps": steps, "train_wall_s": wall, "final": str(out / arm / "final")})
+        print(f"{arm}: {'+'.join(map(str, steps))} steps in {wall:.0f} s", flush=True)
+    return rows
+
+
+def table(base: dict, rows: list[dict]) -> str:
+    def f(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    lines = [
+        "| arm | steps | train s | AR held-out loss | causal quality | self-spec tok/fwd | self-spec tok/s vs causal "
+        "| diffusion tok/fwd | diffusion tok/s vs causal | diffusion quality | diffusion same as causal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| base | - | - | {f(base['ar_loss'], '.3f')} | {f(base['causal']['quality'], '.1%')} |" + " - |" * 6,
+    ]
+    for r in rows:
+        c, s, d = r["causal"], r["self-spec"], r["diffusion"]
+        lines.append(
+            f"| {r['arm']} | {'+'.join(map(str, r['steps']))} | {r['train_wall_s']:.0f} | {f(r['ar_loss'], '.3f')} "
+            f"| {f(c['quality'], '.1%')} | {s['tokens_per_forward']:.2f} | {s['tok_s'] / c['tok_s']:.2f}x "
+            f"| {d['tokens_per_forward']:.2f} | {d['tok_s'] / c['tok_s']:.2f}x | {f(d['quality'], '.1%')} "
+            f"| {d['same_as_causal']:.0%} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base", required=True, help="the AR base checkpoint every arm converts")
+    p.add_argument("--sft-data", required=True, help="chat JSONL: SFT data, and the prompts of every arm")
+    p.add_argument("--prompts", default=None, help="prompts to self-distil (default: --sft-data without answers)")
+    p.add_argument("--heldout", required=True, help="held-out chats (reference answers) or HumanEval-style prompts")
+    p.add_argument("--budget-min", type=float, default=5.0, help="training wall-clock per arm, minutes")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {ARMS}")
+    p.add_argument("--train-flags", default="--bd_size 8 --ar_loss_weight 0.2 --pack --max_length 1024 --lr 2e-3")
+    p.add_argument("--opd-flags", default="--opd_prompts_per_step 4 --opd_max_new_tokens 64 --lr 5e-4")
+    p.add_argument("--max-tokens", type=int, default=64, help="answer cap in self-distillation and evaluation")
+    p.add_argument("--threshold", type=float, default=0.9, help="diffusion commit threshold at evaluation")
+    p.add_argument("--limit", type=int, default=100, help="held-out prompts evaluated")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    args.arms = [a for a in args.arms.split(",") if a]
+    if unknown := set(args.arms) - set(ARMS):
+        p.error(f"unknown arm(s) {sorted(unknown)}; choose from {ARMS}")
+
+    from transformers import AutoTokenizer
+
+    from benchmark.conversion_eval import evaluate, load_heldout
+
+    rows = run(args)
+    heldout = load_heldout(Path(args.heldout), AutoTokenizer.from_pretrained(args.base), args.limit)
+    base = evaluate(Path(args.base), heldout, max_tokens=args.max_tokens, threshold=args.threshold)
+    for r in rows:
+        r.update(evaluate(Path(r["final"]), heldout, max_tokens=args.max_tokens, threshold=args.threshold))
+    text = table(base, rows)
+    command = "python -m benchmark.conversion " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    print(f"\n{command}\n\n{text}")
+    record = {"command": command, "base": base, "arms": rows}
+    Path(args.out, "conversion.json").write_text(json.dumps(record, indent=1))
+    Path(args.out, "conversion.md").write_text(f"`{command}`\n\n{text}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Held-out evaluation of converted checkpoints for `benchmark/conversion.py`.
+
+For each checkpoint, every held-out prompt is decoded greedily by the native engine in causal,
+diffusion and self-spec modes (in process, one request at a time): tokens per forward, tok/s, the
+share of outputs identical to causal decoding, and answer quality: exact match against the reference
+answer (chats whose last turn is the assistant's) or pass@1 for HumanEval-style prompts (`test` and
+`entry_point` fields; the program runs in a subprocess with a timeout). The AR held-out loss is the
+checkpoint's mean next-token loss on reference answers under causal attention.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bdcore.decode.config import DecodeConfig
+from bdcore.decode.sampling import SamplingParams
+
+MODES = ("causal", "diffusion", "self-spec")
+
+
+@dataclass
+class Heldout:
+    prompt_ids: list[list[int]]
+    records: list[dict]
+    references: list[list[int] | None]  # reference answer ids (end-of-turn included), if any
+
+
+def load_heldout(path: Path, tokenizer, limit: int) -> Heldout:
+    from bdcore.tokens import end_of_turn_id
+
+    eot = end_of_turn_id(tokenizer)
+    prompts, records, refs = [], [], []
+    for line in Path(path).read_text().splitlines()[:limit]:
+        rec = json.loads(line)
+        msgs = rec["messages"]
+        context = msgs[:-1] if msgs[-1]["role"] == "assistant" else msgs
+        text = tokenizer.apply_chat_template(context, add_generation_prompt=True, tokenize=False)
+        prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+        records.append(rec)
+        if msgs[-1]["role"] == "assistant":
+            answer = tokenizer(msgs[-1]["content"], add_special_tokens=False)["input_ids"]
+            refs.append(answer + [eot])
+        else:
+            refs.append(None)
+    return Heldout(prompts, records, refs)
+
+
+def _code_of(text: str) -> str:
+    block = re.search(r"```(?:python)?\n(.*?)```", text, re.S)
+    return block.group(1) if block else text
+
+
+def passes(record: dict, answer: str, timeout: float = 10.0) -> bool:
+    """HumanEval's check: the answer's function against the task's tests, in a fresh interpreter."""
+    code = _code_of(answer)
+    if f"def {record['entry_point']}" not in code:
+        code = record.get("code_prompt", "") + code
+    program = f"{code}\n\n{record['test']}\n\ncheck({record['entry_point']})\n"
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(program)
+    try:
+        done = subprocess.run([sys.executable, f.name], capture_output=True, timeout=timeout)
+        return done.returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+    finally:
+        Path(f.name).unlink(missing_ok=True)
+
+
+def quality(record: dict, answer: str) -> bool | None:
+    if "test" in record and "entry_point" in record:
+        return passes(record, answer)
+    msgs = record["messages"]
+    if msgs[-1]["role"] == "assistant":
+        return answer.strip() == msgs[-1]["content"].strip()
+    return None
+
+
+@torch.no_grad()
+def ar_loss(model, heldout: Heldout) -> float | None:
+    """Mean next-token loss on the reference answers (causal attention: the model's AR head)."""
+    total, count = 0.0, 0
+    device = next(model.parameters()).device
+    for prompt, ref in zip(heldout.prompt_ids, heldout.references):
+        if ref is None:
+            continue
+        ids = torch.tensor([prompt + ref], device=device)
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        total += float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt) :], reduction="sum"))
+        count += len(ref)
+    return total / count if count else None
+
+
+def evaluate(checkpoint: Path, heldout: Heldout, *, max_tokens: int, threshold: float) -> dict:
+    from inference.native.engine import Engine
+    from inference.native.loading import load_checkpoint
+
+    loaded = load_checkpoint(checkpoint)
+    row = {"checkpoint": str(checkpoint), "ar_loss": ar_loss(loaded.model, heldout)}
+    causal_tokens = None
+    for mode in MODES if loaded.sidecar is not None else ("causal",):  # a plain AR base: causal only
+        engine = Engine(loaded, DecodeConfig(mode=mode, threshold=threshold))
+        outs, start = [], time.perf_counter()
+        for ids in heldout.prompt_ids:
+            outs.append(engine.generate(ids, SamplingParams(max_tokens=max_tokens)))
+        wall = time.perf_counter() - start
+        generated = sum(g.stats.generated for g in outs)
+        forwards = sum(g.stats.forwards for g in outs)
+        scores = [quality(r, g.text) for r, g in zip(heldout.records, outs)]
+        scored = [s for s in scores if s is not None]
+        if mode == "causal":
+            causal_tokens = [g.tokens for g in outs]
+        row[mode] = {
+            "tokens_per_forward": generated / forwards,
+            "tok_s": generated / wall,
+            "quality": sum(scored) / len(scored) if scored else None,
+            "same_as_causal": sum(g.tokens == c for g, c in zip(outs, causal_tokens)) / len(outs),
+        }
+    return row
