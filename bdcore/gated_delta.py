@@ -19,8 +19,13 @@ LINEAR_LAYER_TYPES = frozenset({"linear_attention"})
 
 
 def is_hybrid(config) -> bool:
-    """A model with gated-delta (linear attention) layers, as its config's `layer_types` say."""
-    return bool(set(getattr(config, "layer_types", None) or []) & LINEAR_LAYER_TYPES)
+    """A model with gated-delta (linear attention) layers, as its config's `layer_types` say (a config
+    object, or config.json's dict, whose text model may sit under `text_config`)."""
+    if isinstance(config, dict):
+        layer_types = config.get("layer_types") or (config.get("text_config") or {}).get("layer_types")
+    else:
+        layer_types = getattr(config, "layer_types", None)
+    return bool(set(layer_types or []) & LINEAR_LAYER_TYPES)
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -29,6 +29,7 @@ import logging
 from pathlib import Path
 
 from bdcore.decode.config import DecodeSettingsError, check_draft_len
+from bdcore.gated_delta import is_hybrid
 from bdcore.sidecar import SIDECAR_NAME, read_sidecar
 from inference.sglang_backend.algorithms import SelfSpec, ShiftedDiffusion
 from inference.sglang_backend.settings import DIFFUSION, SELF_SPEC, DecodeSettings
@@ -82,8 +83,7 @@ def load_settings(model_path: str, algorithm: str, config_path: str | None) -> D
         except DecodeSettingsError as e:
             raise PluginError(f"self-spec: {e}") from e
     config = json.loads((directory / "config.json").read_text())
-    layer_types = config.get("layer_types") or (config.get("text_config") or {}).get("layer_types") or []
-    if "linear_attention" in layer_types and not settings.within_block_causal:
+    if is_hybrid(config) and not settings.within_block_causal:
         raise PluginError(
             "hybrid (gated-delta) checkpoints trained with a bidirectional canvas are not served by SGLang in "
             "diffusion/self-spec modes: SGLang's gated-delta kernels read out token-causally, and the canvas needs "
