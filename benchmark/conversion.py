@@ -80,6 +80,11 @@ def run(args) -> list[dict]:
         stats = json.loads(Path(f"{self_data}.stats.json").read_text())
         kept, dropped = stats.get("kept"), stats.get("dropped")
         print(f"self-distilled data: {kept} answers kept, dropped {dropped} ({seconds:.0f} s)", flush=True)
+        if not kept:
+            raise SystemExit(
+                f"conversion: the base kept no self-distilled answer ({dropped}); answers must end with "
+                "end-of-turn within --max-tokens: raise it, or leave out the sft_self and sft_opd arms"
+            )
     plans = {
         "sft": [("sft", args.base, Path(args.sft_data), [], 1.0)],
         "sft_self": [("sft_self", args.base, self_data, [], 1.0)],
