@@ -88,14 +88,20 @@ class RunLogger:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        self.bar.set_postfix(
+        shown = dict(
             loss=f"{record['loss']:.4f}",
             diff=f"{record['diff']:.4f}",
             ar=f"{record['ar']:.4f}",
             lr=f"{record['lr']:.2e}",
             tok_s=f"{record['tokens_per_s']:.0f}",
-            refresh=False,
         )
+        if "opd_kl" in record:  # on-policy distillation: what the rollouts look like
+            shown.update(
+                kl=f"{record['opd_kl']:.3f}",
+                roll_len=f"{record['rollout_len']:.1f}",
+                roll_tpf=f"{record['rollout_tokens_per_forward']:.2f}",
+            )
+        self.bar.set_postfix(**shown, refresh=False)
         for key, value in record.items():
             if isinstance(value, (int, float)) and key != "step":
                 if self.tb is not None:
