@@ -85,11 +85,14 @@ def run(args) -> list[dict]:
                 f"conversion: the base kept no self-distilled answer ({dropped}); answers must end with "
                 "end-of-turn within --max-tokens: raise it, or leave out the sft_self and sft_opd arms"
             )
+    # OPD needs only prompts, but the trainer reads them from chats with an answer: the self-distilled
+    # chats serve when they exist (prompt sets without answers, such as HumanEval's).
+    opd_data = self_data if self_data.is_file() else Path(args.sft_data)
     plans = {
         "sft": [("sft", args.base, Path(args.sft_data), [], 1.0)],
         "sft_self": [("sft_self", args.base, self_data, [], 1.0)],
-        "opd": [("opd", args.base, Path(args.sft_data), opd, 1.0)],
-        "sft_opd": [("warm", args.base, self_data, [], 0.3), ("sft_opd", None, Path(args.sft_data), opd, 0.7)],
+        "opd": [("opd", args.base, opd_data, opd, 1.0)],
+        "sft_opd": [("warm", args.base, self_data, [], 0.3), ("sft_opd", None, opd_data, opd, 0.7)],
     }
     for arm in args.arms:
         wall, steps = 0.0, []
@@ -127,7 +130,9 @@ def table(base: dict, rows: list[dict]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True, help="the AR base checkpoint every arm converts")
-    p.add_argument("--sft-data", required=True, help="chat JSONL: SFT data, and the prompts of every arm")
+    p.add_argument(
+        "--sft-data", required=True, help="chat JSONL: SFT data, and the prompts of every arm (answers may be absent)"
+    )
     p.add_argument("--prompts", default=None, help="prompts to self-distil (default: --sft-data without answers)")
     p.add_argument("--heldout", required=True, help="held-out chats (reference answers) or HumanEval-style prompts")
     p.add_argument("--budget-min", type=float, default=5.0, help="training wall-clock per arm, minutes")
