@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from train.config import FlagError, JobConfig
+from train.config import FlagError, JobConfig, first_line
 from train.data import DataError, DataStats, load_samples
 from train.loss import liger_available
 from train.model import TwoStreamLM, attention_backend, check_supported_model
@@ -66,7 +66,7 @@ def _load_tokenizer(config: JobConfig):
     try:
         return AutoTokenizer.from_pretrained(model_id, trust_remote_code=config.model.trust_remote_code)
     except (OSError, ValueError) as e:  # the hub client's errors: not found, offline, gated, no tokenizer
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        reason = first_line(e)
         raise FlagError(
             "--model_id",
             f"cannot load {model_id} ({reason}); check the hub id and the network (HF_HUB_OFFLINE), "

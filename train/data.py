@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train.config import FlagError
+from train.config import FlagError, first_line
 from train.rows import Sample, two_stream_length
 
 ROLE_ALIASES = {
@@ -124,7 +124,7 @@ def _iter_hub(name: str) -> Iterator[tuple[str, object]]:
     try:
         records = datasets.load_dataset(name, split=split)
     except Exception as e:  # the hub client raises many types; each means "cannot load this id"
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        reason = first_line(e)
         raise DataError(
             f"{name} (split {split!r}) cannot be loaded from the hub ({reason}); check the id and split "
             "(name:split) and the network, or pass a local .jsonl file or directory"

@@ -17,10 +17,11 @@ from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
 from bdcore.gated_delta import is_hybrid
 from bdcore.tokens import stop_ids
-from train.config import FlagError, JobConfig
+from train.build import compute_dtype
+from train.config import FlagError, JobConfig, first_line
 from train.hybrid import patch_gated_delta_layers
 from train.noise import noise_generator
-from train.opd import choose_states, opd_loss, teacher_logprobs
+from train.opd import choose_states, opd_loss, prompt_of, teacher_logprobs
 from train.rollout import Rollout, rollout
 from train.rows import Sample
 
@@ -33,19 +34,19 @@ def load_teacher(path: str, device: torch.device, dtype: torch.dtype):
     try:
         teacher = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as e:
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        reason = first_line(e)
         raise FlagError("--opd_teacher", f"cannot load {path} ({reason}); pass a causal LM directory") from e
     return teacher.to(device).eval().requires_grad_(False)
 
 
 class OnPolicyDistiller:
-    def __init__(self, config: JobConfig, tokenizer, mask_id: int, filler_id: int, samples: list[Sample], device):
+    def __init__(self, config: JobConfig, tokenizer, mask_id: int, filler_id: int, samples: list[Sample], info):
         self.config, self.opd = config, config.opd
         self.mask_id, self.filler_id = mask_id, filler_id
         self.stop_ids = stop_ids(tokenizer)
-        self.prompts = [list(s.input_ids[: s.spans[-1][0]]) for s in samples]
-        dtype = torch.bfloat16 if device.type == "cuda" and config.model.dtype != "fp32" else torch.float32
-        self.teacher = load_teacher(self.opd.opd_teacher or config.model.model_id, device, dtype)
+        self.prompts = [prompt_of(s) for s in samples]
+        dtype = compute_dtype(config, info) or torch.float32  # the student's compute dtype
+        self.teacher = load_teacher(self.opd.opd_teacher or config.model.model_id, info.device, dtype)
         self.decode = DecodeConfig(mode="diffusion", threshold=self.opd.opd_threshold)
         self.params = SamplingParams(temperature=self.opd.opd_temperature, max_tokens=self.opd.opd_max_new_tokens)
 

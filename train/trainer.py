@@ -105,7 +105,7 @@ class Trainer:
             special = self.tokens.special
             samples = [s for row in self.data.rows for s in row]
             self.opd = OnPolicyDistiller(
-                config, self.tokens.tokenizer, special.mask_id, special.filler_id, samples, info.device
+                config, self.tokens.tokenizer, special.mask_id, special.filler_id, samples, info
             )
         self.offload = (
             torch.autograd.graph.save_on_cpu(pin_memory=True)
