@@ -127,3 +127,44 @@ def test_chosen_states_are_reproducible(loaded):
     rollouts, _, _ = _setup(copy.deepcopy(loaded.model), loaded)
     pick = [[choose_states(r, 1, torch.Generator().manual_seed(7)).steps for r in rollouts] for _ in range(2)]
     assert pick[0] == pick[1]
+
+
+def test_kl_equals_an_independent_computation_slot_by_slot(loaded):
+    """Each revisited slot's KL, recomputed from a plain forward of [prompt, answer before the block, the
+    canvas the state saw] (the student) and a plain causal forward of [prompt, answer] (the teacher)."""
+    from tests.test_invariant_2_noised_blocks import single_stream_reference
+    from train.rows import Sample
+
+    reference_student = copy.deepcopy(loaded.model)
+    _, chosen, lm = _setup(copy.deepcopy(loaded.model), loaded)
+    teacher = copy.deepcopy(loaded.model)
+    parts = opd_loss(
+        lm, chosen, teacher_logprobs(teacher, chosen, mask_id=loaded.mask_id), mask_id=loaded.mask_id,
+        filler_id=_filler(loaded), ar_weight=0.0,
+    )  # fmt: skip
+
+    def banned_logp(logits):
+        logits = logits.float().clone()
+        logits[..., loaded.mask_id] = float("-inf")
+        return logits.log_softmax(-1)
+
+    kls = []
+    with torch.no_grad():
+        for ro in chosen:
+            P, ids = len(ro.prompt_ids), ro.prompt_ids + ro.response
+            teacher_rows = banned_logp(teacher(input_ids=torch.tensor([ids])).logits[0])
+            sample = Sample(ids, [(P, len(ids))])
+            for step in ro.steps:
+                if step.canvas is None:
+                    continue
+                student_rows = banned_logp(
+                    single_stream_reference(reference_student, sample, step.start, step.canvas, 4, True, False)
+                )
+                for s in step.slots:
+                    if step.start + s >= len(ids):
+                        continue
+                    t, q = teacher_rows[step.start + s - 1], student_rows[s - 1]
+                    p = t.exp()
+                    kls.append(float(torch.where(p > 0, p * (t - q), torch.zeros_like(p)).sum()))
+    assert parts.kl_tokens == len(kls) > 0
+    assert float(parts.kl) == pytest.approx(sum(kls) / len(kls), rel=1e-4, abs=1e-5)
