@@ -129,9 +129,12 @@ def test_chosen_states_are_reproducible(loaded):
     assert pick[0] == pick[1]
 
 
-def test_kl_equals_an_independent_computation_slot_by_slot(loaded):
+@pytest.mark.parametrize("slots", ["committed", "masked"])
+def test_kl_equals_an_independent_computation_slot_by_slot(loaded, slots):
     """Each revisited slot's KL, recomputed from a plain forward of [prompt, answer before the block, the
-    canvas the state saw] (the student) and a plain causal forward of [prompt, answer] (the teacher)."""
+    canvas the state saw] (the student) and a plain causal forward of [prompt, answer] (the teacher). The
+    slots: those the state committed, or every one it still masked (those it committed and those it left
+    for later steps)."""
     from tests.test_invariant_2_noised_blocks import single_stream_reference
     from train.rows import Sample
 
@@ -140,7 +143,7 @@ def test_kl_equals_an_independent_computation_slot_by_slot(loaded):
     teacher = copy.deepcopy(loaded.model)
     parts = opd_loss(
         lm, chosen, teacher_logprobs(teacher, chosen, mask_id=loaded.mask_id), mask_id=loaded.mask_id,
-        filler_id=_filler(loaded), ar_weight=0.0,
+        filler_id=_filler(loaded), ar_weight=0.0, slots=slots,
     )  # fmt: skip
 
     def banned_logp(logits):
@@ -148,7 +151,7 @@ def test_kl_equals_an_independent_computation_slot_by_slot(loaded):
         logits[..., loaded.mask_id] = float("-inf")
         return logits.log_softmax(-1)
 
-    kls = []
+    kls, later = [], 0
     with torch.no_grad():
         for ro in chosen:
             P, ids = len(ro.prompt_ids), ro.prompt_ids + ro.response
@@ -160,7 +163,12 @@ def test_kl_equals_an_independent_computation_slot_by_slot(loaded):
                 student_rows = banned_logp(
                     single_stream_reference(reference_student, sample, step.start, step.canvas, 4, True, False)
                 )
-                for s in step.slots:
+                if slots == "masked":
+                    revisit = [s for s in range(1, len(step.canvas)) if step.canvas[s] == loaded.mask_id]
+                    later += len(set(revisit) - set(step.slots))
+                else:
+                    revisit = step.slots
+                for s in revisit:
                     if step.start + s >= len(ids):
                         continue
                     t, q = teacher_rows[step.start + s - 1], student_rows[s - 1]
@@ -168,3 +176,4 @@ def test_kl_equals_an_independent_computation_slot_by_slot(loaded):
                     kls.append(float(torch.where(p > 0, p * (t - q), torch.zeros_like(p)).sum()))
     assert parts.kl_tokens == len(kls) > 0
     assert float(parts.kl) == pytest.approx(sum(kls) / len(kls), rel=1e-4, abs=1e-5)
+    assert later > 0 if slots == "masked" else later == 0  # the states left slots masked for later steps

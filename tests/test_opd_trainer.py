@@ -49,7 +49,7 @@ def test_trainer_rollouts_equal_the_engine_on_the_same_weights(kit, request, tmp
 
 def test_two_ranks_sampled_rollouts_stay_in_lockstep_and_report_metrics(demo_kit, tmp_path):
     run = tmp_path / "r"
-    args = train_args(demo_kit, run, max_steps=3, opd_temperature=1.0, opd_sft_weight=0.5, **OPD)
+    args = train_args(demo_kit, run, max_steps=3, opd_temperature=1.0, opd_sft_weight=0.5, opd_slots="masked", **OPD)
     run_train(args, nproc=2)
     metrics = read_metrics(run)
     assert sorted(metrics) == [1, 2, 3]

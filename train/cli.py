@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group(
         "on-policy distillation",
         "The student decodes dataset prompts in diffusion mode as the server would; the frozen AR teacher "
-        "scores the answers; the loss is KL(teacher || student) at the slots each revisited state committed.",
+        "scores the answers; the loss is KL(teacher || student) at the slots each revisited state committed "
+        "(or, with --opd_slots masked, at every slot it still masked).",
     )
     o.add_argument("--opd_on_policy", action="store_true", help="train by on-policy distillation (off: SFT)")
     o.add_argument("--opd_teacher", default=None, help="the frozen AR teacher (default: --model_id before conversion)")
@@ -130,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--opd_prompts_per_step", type=int, default=4, help="rollouts per rank per step (default 4)")
     o.add_argument(
         "--opd_states_per_block", type=int, default=1, help="canvas states revisited per block (default 1; 0: all)"
+    )
+    o.add_argument(
+        "--opd_slots",
+        choices=("committed", "masked"),
+        default="committed",
+        help="slots of a revisited state that carry the KL: the ones it committed (default) or every one it "
+        "still masked (denser: each later-committed slot's distribution in that state, against the teacher's)",
     )
     o.add_argument(
         "--opd_ar_weight",

@@ -86,6 +86,7 @@ RESUME_MUST_MATCH = (
     "opd_on_policy",
     "opd_prompts_per_step",
     "opd_states_per_block",
+    "opd_slots",
 )
 # What shapes the learning-rate schedule: a resume may change these only with --allow_schedule_change.
 SCHEDULE_FLAGS = ("max_steps", "lr", "warmup", "lr_min_ratio")
@@ -159,6 +160,7 @@ class OPDSection:
     opd_max_new_tokens: int = 128
     opd_prompts_per_step: int = 4  # rollouts per rank per optimizer step
     opd_states_per_block: int = 1  # canvas states revisited per block (0: every one)
+    opd_slots: str = "committed"  # KL at the slots a revisited state committed, or at every slot it masked
     opd_ar_weight: float = 1.0  # weight of the KL on the clean stream's AR rows
     opd_sft_weight: float = 0.0  # weight of the two-stream SFT loss on dataset rows (0: OPD alone)
 

@@ -5,7 +5,10 @@ recording every commit and the canvas it came from; the frozen teacher reads [pr
 once, and its next-token distribution at each answer position is the target; the student's training
 forward (`train/trajectory.py`: one view per revisited canvas) gives its distribution for each slot in
 the state it was committed from. The loss is the forward KL(teacher || student) at the slots committed
-in the chosen states (by default one realized step per block, drawn at random), plus `ar_weight` times
+in the chosen states (by default one realized step per block, drawn at random), or with `slots="masked"`
+at every slot each chosen state still masked (the student's distribution for a slot it commits later,
+against the teacher's for the token that slot finally holds: the same dense signal a masked-diffusion
+SFT row gives, on states the student visits, with soft targets), plus `ar_weight` times
 the same KL on the clean stream's AR rows over the whole answer (keeps the AR head, which verifies
 self-spec drafts, on the teacher). The rollout and the teacher run under no-grad: gradients reach the
 student only through its training forward.
@@ -19,13 +22,13 @@ import torch
 
 from train.rollout import Rollout
 from train.rows import Sample
-from train.trajectory import trajectory_rows
+from train.trajectory import ScoredRows, trajectory_rows
 
 
 @dataclass
 class OPDParts:
     loss: torch.Tensor
-    kl: torch.Tensor  # mean KL(teacher || student) over revisited committed slots
+    kl: torch.Tensor  # mean KL(teacher || student) over the revisited slots
     ar_kl: torch.Tensor  # mean KL on the clean stream's AR rows over the answers
     kl_tokens: int
     ar_tokens: int
@@ -76,15 +79,48 @@ def _kl(teacher_logp: torch.Tensor, student_logp: torch.Tensor) -> torch.Tensor:
     return terms.sum(-1)
 
 
+SLOTS = ("committed", "masked")
+
+
+def masked_slots(rollouts: list[Rollout], scored: ScoredRows, mask_id: int) -> tuple[torch.Tensor, ...]:
+    """Every slot a recorded canvas still masked (the seed slot, predicted by an AR row, aside) inside the
+    answer: (row scoring it, rollout, place in that rollout's response)."""
+    rows, owner, index = [], [], []
+    firsts = iter(scored.canvas_first)
+    for r, ro in enumerate(rollouts):
+        P, n = len(ro.prompt_ids), len(ro.response)
+        for step in ro.steps:
+            if step.canvas is None:
+                continue
+            first = next(firsts)
+            for s in range(1, len(step.canvas)):
+                if step.canvas[s] == mask_id and step.start + s - P < n:
+                    rows.append(first + s), owner.append(r), index.append(step.start + s - P)
+    return tuple(torch.tensor(x, dtype=torch.long) for x in (rows, owner, index))
+
+
 def opd_loss(
-    lm, rollouts: list[Rollout], teacher_logp: list[torch.Tensor], *, mask_id: int, filler_id: int, ar_weight: float
+    lm,
+    rollouts: list[Rollout],
+    teacher_logp: list[torch.Tensor],
+    *,
+    mask_id: int,
+    filler_id: int,
+    ar_weight: float,
+    slots: str = "committed",
 ) -> OPDParts:
     """The OPD objective on rollouts whose `steps` are the states to revisit (see `choose_states`)."""
+    if slots not in SLOTS:
+        raise ValueError(f"slots must be one of {SLOTS}, got {slots!r}")
     scored = trajectory_rows(rollouts, block=lm.cfg.bd_size, filler_id=filler_id)
     device = next(lm.parameters()).device
     batch = scored.batch.to(device)
     T = batch.input_ids.shape[1]
-    canvas_rows = scored.rows[scored.from_canvas]
+    if slots == "masked":
+        canvas_rows, canvas_owner, canvas_index = masked_slots(rollouts, scored, mask_id)
+    else:
+        canvas_rows = scored.rows[scored.from_canvas]
+        canvas_owner, canvas_index = scored.owner[scored.from_canvas], scored.index[scored.from_canvas]
     ar_rows, ar_owner, ar_pos = [], [], []
     for r, ro in enumerate(rollouts):
         P = len(ro.prompt_ids)
@@ -95,8 +131,8 @@ def opd_loss(
     logits = lm(batch, rows=rows)
     logits[:, mask_id] = float("-inf")
     student = logits.log_softmax(-1)
-    owner = torch.cat([scored.owner[scored.from_canvas], torch.tensor(ar_owner, dtype=torch.long)])
-    index = torch.cat([scored.index[scored.from_canvas], torch.tensor(ar_pos, dtype=torch.long)])
+    owner = torch.cat([canvas_owner, torch.tensor(ar_owner, dtype=torch.long)])
+    index = torch.cat([canvas_index, torch.tensor(ar_pos, dtype=torch.long)])
     target = torch.stack([teacher_logp[o][i] for o, i in zip(owner.tolist(), index.tolist())]) if len(owner) else None
     n_kl = int(canvas_rows.numel())
     kls = _kl(target.to(device), student) if target is not None else student.new_zeros(0)

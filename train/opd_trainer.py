@@ -62,7 +62,13 @@ class OnPolicyDistiller:
         t2 = time.perf_counter()
         chosen = [choose_states(r, self.opd.opd_states_per_block, gen) for r in rollouts]
         parts = opd_loss(
-            lm, chosen, teacher_logp, mask_id=self.mask_id, filler_id=self.filler_id, ar_weight=self.opd.opd_ar_weight
+            lm,
+            chosen,
+            teacher_logp,
+            mask_id=self.mask_id,
+            filler_id=self.filler_id,
+            ar_weight=self.opd.opd_ar_weight,
+            slots=self.opd.opd_slots,
         )
         parts.loss.backward()
         t3 = time.perf_counter()

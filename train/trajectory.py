@@ -38,6 +38,7 @@ class ScoredRows:
     owner: torch.Tensor  # [N] index of the rollout each token belongs to
     index: torch.Tensor  # [N] its place in that rollout's response
     from_canvas: torch.Tensor  # [N] bool: committed from a canvas (False: a seed, from an AR row)
+    canvas_first: list[int]  # per recorded canvas, in rollout and step order: flat index of the row before it
 
 
 def _empty() -> torch.Tensor:
@@ -63,7 +64,7 @@ class _Row:
 
 def trajectory_rows(rollouts: list[Rollout], *, block: int, filler_id: int) -> ScoredRows:
     """Lay out every rollout as one row: [clean prompt + answer ; one segment per recorded canvas]."""
-    built, rows, targets, owner, index, from_canvas = [], [], [], [], [], []
+    built, rows, targets, owner, index, from_canvas, canvas_first = [], [], [], [], [], [], []
     for r, ro in enumerate(rollouts):
         P, resp = len(ro.prompt_ids), ro.response
         end = P + len(resp)  # positions at or past `end` lie beyond the answer
@@ -79,6 +80,7 @@ def trajectory_rows(rollouts: list[Rollout], *, block: int, filler_id: int) -> S
             else:  # its own view at its block's positions, scored by the canvas rows
                 view += 1
                 first = row.add(step.canvas, view, step.start, (step.start - P) // block, step.start) - 1
+                canvas_first.append((r, first))
             for s, t in kept:
                 rows.append((r, first + s)), targets.append(t), owner.append(r)
                 index.append(step.start + s - P), from_canvas.append(step.canvas is not None)
@@ -100,7 +102,8 @@ def trajectory_rows(rollouts: list[Rollout], *, block: int, filler_id: int) -> S
     )
     flat = torch.tensor([r * T + i for r, i in rows], dtype=torch.long)
     as_long = [torch.tensor(x, dtype=torch.long) for x in (targets, owner, index)]
-    return ScoredRows(batch, flat, *as_long, torch.tensor(from_canvas, dtype=torch.bool))
+    firsts = [r * T + i for r, i in canvas_first]
+    return ScoredRows(batch, flat, *as_long, torch.tensor(from_canvas, dtype=torch.bool), firsts)
 
 
 def trajectory_logprobs(lm, rollouts: list[Rollout], *, mask_id: int, filler_id: int) -> list[torch.Tensor]:
