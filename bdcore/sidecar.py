@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 SIDECAR_NAME = "block_diffusion.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 added `draft_adapter`; a version-1 sidecar reads as a checkpoint without one
+READABLE_VERSIONS = (1, 2)
 # Fields without which a reader would have to guess the checkpoint's semantics (a wrong guess decodes
 # silently differently from training), so they are refused rather than defaulted.
 REQUIRED = ("bd_size", "mask_id", "shift", "clean_causal", "within_block_causal")
@@ -30,6 +31,9 @@ class Sidecar:
     views: int = 2
     base_model: str = ""
     global_step: int = 0
+    # The subdirectory holding a draft-only adapter (bdcore/draft_adapter.py) over the base weights in this
+    # directory; None: the weights here are the whole converted model.
+    draft_adapter: str | None = None
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
@@ -40,9 +44,9 @@ class Sidecar:
     @classmethod
     def from_dict(cls, data: dict) -> Sidecar:
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise SidecarError(
-                f"{SIDECAR_NAME}: format_version {version!r} is not one this bdstack reads ({FORMAT_VERSION}); "
+                f"{SIDECAR_NAME}: format_version {version!r} is not one this bdstack reads {READABLE_VERSIONS}; "
                 "upgrade bdstack or re-export the checkpoint"
             )
         known = {f.name for f in fields(cls)}
@@ -52,6 +56,8 @@ class Sidecar:
                 f"{SIDECAR_NAME}: missing required field(s) {missing}: they decide how the checkpoint decodes, so "
                 "bdstack does not guess them; re-export the checkpoint with train.py or add them by hand"
             )
+        if version == 1 and data.get("draft_adapter") is not None:
+            raise SidecarError(f"{SIDECAR_NAME}: draft_adapter needs format_version 2, the sidecar says 1")
         kept = {k: v for k, v in data.items() if k in known}
         sc = cls(**kept)
         for name in ("shift", "clean_causal", "within_block_causal"):
@@ -61,6 +67,15 @@ class Sidecar:
             raise SidecarError(f"{SIDECAR_NAME}: bd_size must be an integer >= 2, got {sc.bd_size!r}")
         if not isinstance(sc.mask_id, int) or sc.mask_id < 0:
             raise SidecarError(f"{SIDECAR_NAME}: mask_id must be a non-negative integer, got {sc.mask_id!r}")
+        adapter = sc.draft_adapter
+        if adapter is not None and (not isinstance(adapter, str) or not adapter or "/" in adapter or adapter[0] == "."):
+            raise SidecarError(
+                f"{SIDECAR_NAME}: draft_adapter must name a subdirectory of the checkpoint, got {adapter!r}"
+            )
+        if adapter is not None and not sc.clean_causal:
+            raise SidecarError(
+                f"{SIDECAR_NAME}: a draft adapter needs clean_causal true (its clean stream is the causal base model)"
+            )
         return sc
 
     def check_tokenizer(self, tokenizer) -> None:

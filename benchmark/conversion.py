@@ -71,9 +71,9 @@ def run(args) -> list[dict]:
     budget = args.budget_min * 60
     opd = ["--opd_on_policy", *shlex.split(args.opd_flags)]
     prompts = Path(args.prompts) if args.prompts else _prompts_file(Path(args.sft_data), out)
-    self_data = out / "self_distilled.jsonl"
+    self_data = Path(args.self_distilled) if args.self_distilled else out / "self_distilled.jsonl"
     rows = []
-    if {"sft_self", "sft_opd"} & set(args.arms):
+    if {"sft_self", "sft_opd"} & set(args.arms) and not args.self_distilled:
         cmd = [sys.executable, "-m", "data.self_distill", "--model", args.base, "--prompts", str(prompts)]
         cmd += ["--out", str(self_data), "--max-new-tokens", str(args.max_tokens), "--batch", "8", "--no-progress"]
         seconds = _run(cmd, out / "self_distill.log")
@@ -134,6 +134,12 @@ def main(argv=None) -> int:
         "--sft-data", required=True, help="chat JSONL: SFT data, and the prompts of every arm (answers may be absent)"
     )
     p.add_argument("--prompts", default=None, help="prompts to self-distil (default: --sft-data without answers)")
+    p.add_argument(
+        "--self-distilled",
+        default=None,
+        help="reuse this self-distilled chat JSONL (from an earlier run's data.self_distill on the same base and "
+        "prompts) instead of making it again",
+    )
     p.add_argument("--heldout", required=True, help="held-out chats (reference answers) or HumanEval-style prompts")
     p.add_argument("--budget-min", type=float, default=5.0, help="training wall-clock per arm, minutes")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {ARMS}")

@@ -57,6 +57,12 @@ BASE = ["--model_id", "m", "--dataset", "d.jsonl", "--save_dir", "out"]
         (["--length_buckets", "1k,2k"], "--length_buckets"),
         (["--resume", "/definitely/not/here"], "--resume"),
         (["--micro_batch_size", "0"], "--micro_batch_size"),
+        (["--draft_adapter"], "--draft_adapter"),
+        (["--lora_rank", "-1"], "--lora_rank"),
+        (["--lora_alpha", "8"], "--lora_alpha"),
+        (["--lora_rank", "4", "--ar_only"], "--lora_rank"),
+        (["--lora_rank", "4", "--draft_adapter", "--ar_loss_weight", "0.5"], "--ar_loss_weight"),
+        (["--lora_rank", "4", "--draft_adapter", "--within_block_causal"], "--within_block_causal"),
     ],
 )
 def test_bad_values_name_the_flag(extra, flag):
@@ -69,6 +75,12 @@ def test_derived_values():
     assert (a.views, a.ar_loss_weight) == (0, 1.0)
     b = parse_args(BASE + ["--length_buckets", "2048,512", "--max_length", "4096"])
     assert b.length_buckets == [512, 2048, 4096]
+    assert parse_args(BASE).ar_loss_weight == 0.2
+    lora = parse_args(BASE + ["--lora_rank", "8"])
+    assert (lora.lora_alpha, lora.ar_loss_weight) == (16.0, 0.2)
+    draft = JobConfig.from_args(parse_args(BASE + ["--lora_rank", "8", "--draft_adapter"]))
+    assert draft.diffusion.ar_loss_weight == 0.0 and draft.diffusion.clean_causal  # the base's causal stream
+    assert draft.lora.spec().draft_only and draft.resume_flags()["draft_adapter"]
 
 
 def test_job_config_places_every_flag_in_one_section():

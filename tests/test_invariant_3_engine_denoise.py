@@ -29,10 +29,11 @@ def test_engine_canvas_logits_equal_training_logits(arch, clean_causal, wbc):
 
 
 def check_engine_canvas_logits(
-    arch, clean_causal, wbc, *, device="cpu", train_attn="sdpa", atol=2e-5, rtol=1e-5, min_checked=6
+    arch, clean_causal, wbc, *, device="cpu", train_attn="sdpa", atol=2e-5, rtol=1e-5, min_checked=6, adapt=None
 ):
     """The engine's canvas logits == the training forward's, with the training model on `train_attn`
-    (the CUDA twin runs flex attention there, as the trainer does on CUDA) and both models on `device`."""
+    (the CUDA twin runs flex attention there, as the trainer does on CUDA) and both models on `device`.
+    `adapt(model)` changes both models alike before the comparison (e.g. adds a draft adapter)."""
     # Separate instances with equal weights: training and decode patch gated-delta layers differently,
     # and the engine always runs SDPA (`inference/native/loading.py`).
     if arch == "qwen3_5":
@@ -40,6 +41,10 @@ def check_engine_canvas_logits(
     else:
         model = tiny_model(arch, attn=train_attn)
         engine_model = model if train_attn == "sdpa" else tiny_model(arch)
+    if adapt is not None:
+        shared = engine_model is model
+        model = adapt(model)
+        engine_model = model if shared else adapt(engine_model)
     model, engine_model = model.to(device), engine_model.to(device)
     cfg = BlockDiffusionConfig(
         bd_size=4, ar_loss_weight=0.2 if clean_causal else 0.0, clean_causal=clean_causal, within_block_causal=wbc

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from bdcore.draft_adapter import add_lora
 from train.config import FlagError, JobConfig, first_line
 from train.data import DataError, DataStats, load_samples
 from train.loss import liger_available
@@ -148,6 +149,7 @@ def build_model(config: JobConfig, info: DistInfo, tokens: TokenizerParts) -> tu
     if isinstance(save_dtype, str):
         save_dtype = getattr(torch, save_dtype)
     mask_id = tokens.special.mask_id
+    lora = config.lora.spec()
     full_sd = buffers = None
     if info.is_main:
         cpu_model = AutoModelForCausalLM.from_pretrained(
@@ -156,6 +158,9 @@ def build_model(config: JobConfig, info: DistInfo, tokens: TokenizerParts) -> tu
         check_supported_model(cpu_model)
         if tokens.num_real is not None:
             init_mask_rows(cpu_model, mask_id, tokens.num_real)
+        if lora is not None:  # rank 0's adapter initialisation is every rank's (broadcast with the weights)
+            torch.manual_seed(config.training.seed)
+            add_lora(cpu_model, lora, mask_id)
         full_sd, buffers = cpu_model.state_dict(), non_persistent_buffers(cpu_model)
         del cpu_model
     if not config.diffusion.ar_only:
@@ -165,6 +170,8 @@ def build_model(config: JobConfig, info: DistInfo, tokens: TokenizerParts) -> tu
         model = AutoModelForCausalLM.from_config(
             deepcopy_config(hf_config), attn_implementation=attn, dtype=torch.float32, trust_remote_code=remote
         )
+        if lora is not None:
+            add_lora(model, lora, mask_id)
         if efficiency.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         fused = liger_available() if efficiency.fused_ce == "auto" else efficiency.fused_ce == "on"

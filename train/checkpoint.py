@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from bdcore.draft_adapter import ADAPTER_DIR, base_state_dict, has_lora, merged_state_dict, save_adapter
 from bdcore.sidecar import Sidecar, write_sidecar
 from bdcore.tokens import MASK_TOKEN
 from train.config import RESUME_MUST_MATCH, SCHEDULE_FLAGS, FlagError, JobConfig
@@ -129,7 +130,13 @@ def export_hf(model, tokenizer, directory: Path, info: DistInfo, *, sidecar: Sid
     full = {k: v.to(save_dtype) if v.is_floating_point() else v for k, v in full.items()}
     config = model.config
     config.dtype = save_dtype
-    model.save_pretrained(directory, state_dict=full, safe_serialization=True)
+    weights = full
+    if has_lora(model):  # a draft adapter: the base as it was plus the adapter; plain LoRA: merged weights
+        draft = sidecar is not None and sidecar.draft_adapter is not None
+        weights = base_state_dict(full) if draft else merged_state_dict(model, full)
+        if draft:
+            save_adapter(model, full, directory / sidecar.draft_adapter)
+    model.save_pretrained(directory, state_dict=weights, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     if sidecar is not None:
         write_sidecar(directory, sidecar)
@@ -278,4 +285,5 @@ def sidecar_for(config: JobConfig, mask_id: int, global_step: int) -> Sidecar | 
         views=d.views,
         base_model=config.model.model_id,
         global_step=global_step,
+        draft_adapter=ADAPTER_DIR if config.lora.draft_adapter else None,
     )

@@ -38,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--ar_loss_weight",
         type=float,
-        default=0.2,
-        help="w in (diff + w*ar)/(1+w); > 0 keeps the clean stream causal and trains the AR head",
+        default=None,
+        help="w in (diff + w*ar)/(1+w); > 0 keeps the clean stream causal and trains the AR head (default 0.2; "
+        "0 with --draft_adapter, whose clean stream is the base model)",
     )
     b.add_argument(
         "--ar_only", action="store_true", help="plain AR SFT baseline: clean stream only, no <|mask|> token, no sidecar"
@@ -52,6 +53,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="diffusion CE weighting (default uniform)",
     )
     b.add_argument("--views", type=int, default=2, help="noised views per row (default 2: complementary masks)")
+
+    lo = p.add_argument_group(
+        "LoRA",
+        "Train LoRA adapters (peft) on the decoder layers' linear projections and the <|mask|> embedding row "
+        "instead of every weight. --draft_adapter applies them only at the rows that draft, so the clean "
+        "stream, causal decoding and self-spec verification are the base model bit for bit.",
+    )
+    lo.add_argument("--lora_rank", type=int, default=0, help="LoRA rank (default 0: full fine-tuning)")
+    lo.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default 2 x rank)")
+    lo.add_argument(
+        "--lora_targets",
+        default="all-linear",
+        help="projections to adapt: all-linear (default: every linear layer of the decoder) or names, e.g. "
+        "q_proj,v_proj",
+    )
+    lo.add_argument(
+        "--draft_adapter",
+        action="store_true",
+        help="the adapter acts only at drafting rows; the checkpoint is the base model untouched plus the adapter "
+        "(default off: a plain LoRA conversion, saved merged)",
+    )
 
     d = p.add_argument_group("data")
     d.add_argument("--dataset", required=True, help="a .jsonl file, a directory of .jsonl files, or a HF dataset id")
@@ -159,6 +181,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
 
     if args.bd_size < 2:
         bad("--bd_size", f"{args.bd_size} is too small; a block needs a seed and at least one token (use >= 2)")
+    _check_lora(args, bad)
     if args.ar_loss_weight < 0:
         bad("--ar_loss_weight", "must be >= 0")
     if args.views < 1 and not args.ar_only:
@@ -201,6 +224,33 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     if args.ar_only:
         args.views, args.ar_loss_weight = 0, 1.0
     return args
+
+
+def _check_lora(args, bad) -> None:
+    if args.lora_rank < 0:
+        bad("--lora_rank", "must be >= 0 (0: full fine-tuning)")
+    if args.lora_rank == 0:
+        if args.draft_adapter:
+            bad("--draft_adapter", "needs LoRA: add --lora_rank R (e.g. 16)")
+        if args.lora_alpha is not None:
+            bad("--lora_alpha", "has no meaning without --lora_rank")
+    else:
+        if args.ar_only:
+            bad("--lora_rank", "converts to block diffusion; it has no meaning with --ar_only")
+        args.lora_alpha = 2.0 * args.lora_rank if args.lora_alpha is None else args.lora_alpha
+        if args.lora_alpha <= 0:
+            bad("--lora_alpha", "must be > 0")
+    if args.draft_adapter:
+        if args.ar_loss_weight not in (None, 0):
+            bad(
+                "--ar_loss_weight",
+                "has no effect with --draft_adapter (the clean stream is the frozen base model); leave it out",
+            )
+        if args.within_block_causal:
+            bad("--within_block_causal", "is not supported with --draft_adapter yet; leave it out")
+        args.ar_loss_weight = 0.0
+    elif args.ar_loss_weight is None:
+        args.ar_loss_weight = 0.2
 
 
 def _check_opd(args, bad) -> None:

@@ -83,6 +83,10 @@ RESUME_MUST_MATCH = (
     "seed",
     "micro_batch_size",
     "grad_accum",
+    "lora_rank",
+    "lora_alpha",
+    "lora_targets",
+    "draft_adapter",
     "opd_on_policy",
     "opd_prompts_per_step",
     "opd_states_per_block",
@@ -150,6 +154,23 @@ class EfficiencySection:
 
 
 @dataclass(frozen=True)
+class LoraSection:
+    """LoRA conversion (`bdcore/draft_adapter.py`): off unless `lora_rank` > 0."""
+
+    lora_rank: int = 0
+    lora_alpha: float | None = None  # resolved to 2 x rank
+    lora_targets: str = "all-linear"
+    draft_adapter: bool = False  # the adapter acts only at drafting rows; the clean stream is the base model
+
+    def spec(self):
+        from bdcore.draft_adapter import LoraSpec
+
+        if self.lora_rank == 0:
+            return None
+        return LoraSpec(self.lora_rank, self.lora_alpha, self.lora_targets, self.draft_adapter)
+
+
+@dataclass(frozen=True)
 class OPDSection:
     """On-policy distillation (`train/opd.py`): off unless `opd_on_policy`."""
 
@@ -181,6 +202,7 @@ class JobConfig:
     checkpoint: CheckpointSection
     logging: LoggingSection
     efficiency: EfficiencySection
+    lora: LoraSection
     opd: OPDSection
 
     @classmethod
@@ -200,6 +222,8 @@ class JobConfig:
                 ar_loss_weight=flags["ar_loss_weight"],
                 within_block_causal=flags["within_block_causal"],
                 loss_weighting=flags["loss_weighting"],
+                # a draft adapter's clean stream is the base model, which is causal
+                clean_causal=True if flags.get("draft_adapter") else None,
             ),
             data=replace(section(DataSection), length_buckets=None if buckets is None else tuple(buckets)),
             training=section(TrainingSection),
@@ -207,6 +231,7 @@ class JobConfig:
             checkpoint=section(CheckpointSection),
             logging=section(LoggingSection),
             efficiency=section(EfficiencySection),
+            lora=section(LoraSection),
             opd=section(OPDSection),
         )
         unplaced = set(flags) - set(config.flags())
@@ -217,7 +242,8 @@ class JobConfig:
     def flags(self) -> dict:
         """The resolved flags by name, as run_config.json and the checkpoint's trainer state record them."""
         out = {**asdict(self.model), **{k: getattr(self.diffusion, k) for k in DIFFUSION_FLAGS}}
-        for part in (self.data, self.training, self.optim, self.checkpoint, self.logging, self.efficiency, self.opd):
+        parts = (self.data, self.training, self.optim, self.checkpoint, self.logging, self.efficiency, self.lora)
+        for part in (*parts, self.opd):
             out.update(asdict(part))
         if out["length_buckets"] is not None:
             out["length_buckets"] = list(out["length_buckets"])

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bdcore.attention_rule import dense_mask, flex_block_mask
+from bdcore.attention_rule import CLEAN_STREAM, PAD_STREAM, dense_mask, flex_block_mask
+from bdcore.draft_adapter import draft_rows
 from bdcore.gated_delta import LINEAR_LAYER_TYPES, is_hybrid
 from train.config import BlockDiffusionConfig
 from train.hybrid import build_layout, patch_gated_delta_layers
@@ -104,12 +105,14 @@ class TwoStreamLM(nn.Module):
         mask = self.attention_mask(batch)
         if self.hybrid:
             mask = {"full_attention": mask, "linear_attention": self.gated_delta_layout(batch)}
-        out = self.model.get_decoder()(
-            input_ids=batch.input_ids,
-            attention_mask=mask,
-            position_ids=batch.position_ids,
-            use_cache=False,
-        )
+        stream = batch.meta.stream
+        with draft_rows(self.model, (stream != CLEAN_STREAM) & (stream != PAD_STREAM)):  # the noised views draft
+            out = self.model.get_decoder()(
+                input_ids=batch.input_ids,
+                attention_mask=mask,
+                position_ids=batch.position_ids,
+                use_cache=False,
+            )
         return out.last_hidden_state
 
     def logits(self, batch: TwoStreamBatch) -> torch.Tensor:

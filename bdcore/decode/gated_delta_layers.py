@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from bdcore.draft_adapter import one_batch_row
 from bdcore.gated_delta import chunk_step, chunk_terms, prepare_qk
 
 CHUNK = 64  # clean rows absorbed per chunk step
@@ -90,7 +91,8 @@ def decode_forward(self, hidden_states, cache_params=None, attention_mask=None, 
         return _decode_rows(self, hidden_states[0], attention_mask)[None]
     out = hidden_states.new_zeros(*hidden_states.shape[:2], self.out_proj.out_features)
     for b, plan in enumerate(attention_mask):
-        out[b, : plan.rows] = _decode_rows(self, hidden_states[b, : plan.rows], plan)
+        with one_batch_row(self, b):  # a draft-only adapter's gate: this batch row's
+            out[b, : plan.rows] = _decode_rows(self, hidden_states[b, : plan.rows], plan)
     return out
 
 

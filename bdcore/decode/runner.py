@@ -15,8 +15,9 @@ import torch
 
 from bdcore.decode.gated_delta_layers import DecodePlan, patch_for_decode
 from bdcore.decode.modes import Forward
-from bdcore.decode.rows import decode_mask
+from bdcore.decode.rows import CANVAS_STREAM, decode_mask
 from bdcore.decode.sequence import SequenceCache
+from bdcore.draft_adapter import draft_rows
 from bdcore.gated_delta import is_hybrid
 from bdcore.sidecar import Sidecar
 
@@ -84,7 +85,11 @@ class ModelRunner:
                 cache.plan, cache.plan_base = plan, c
                 plans.append(plan)
             masks = {"full_attention": mask, "linear_attention": plans}
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=kv, use_cache=True)
+        drafting = torch.zeros(n, Q, dtype=torch.bool, device=dev)  # a draft-only adapter acts at canvas rows only
+        for b, (_, op) in enumerate(batch):
+            drafting[b, : len(op.rows.stream)] = torch.tensor(op.rows.stream, device=dev) == CANVAS_STREAM
+        with draft_rows(self.model, drafting):
+            out = self.model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=kv, use_cache=True)
         logits = out.logits.float()
         if self.banned is not None:
             logits[..., self.banned] = float("-inf")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bdcore.decode.config import MODES
+from bdcore.draft_adapter import load_draft_adapter
 from bdcore.sidecar import SIDECAR_NAME, Sidecar, read_sidecar
 from bdcore.tokens import MASK_TOKEN, stop_ids, token_id
 
@@ -78,6 +79,17 @@ def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str 
         check_decodable(sidecar, path)
     dev = torch.device(device)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, dev), attn_implementation="sdpa")
+    if sidecar is not None and sidecar.draft_adapter is not None:
+        adapter = path / sidecar.draft_adapter
+        if not (adapter / "adapter_config.json").is_file():
+            raise CheckpointError(
+                f"{path / SIDECAR_NAME} names the draft adapter {sidecar.draft_adapter!r}, but {adapter} holds no "
+                "adapter_config.json; copy the whole checkpoint directory"
+            )
+        try:
+            load_draft_adapter(model, adapter, sidecar.mask_id)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from e
     model = model.to(dev).eval()
     name = path.name if path.name != "final" else path.parent.name
     return LoadedModel(model, tok, sidecar, token_id(tok, MASK_TOKEN), stop_ids(tok), name)

@@ -205,6 +205,7 @@ def bdstack_settings(
     from transformers import AutoTokenizer
 
     from bdcore.decode.config import DecodeConfig
+    from bdcore.draft_adapter import NOT_ON_SGLANG
     from bdcore.sidecar import SIDECAR_NAME, read_sidecar
     from bdcore.tokens import end_of_turn_id, filler_id
     from inference.sglang_backend.settings import ALGORITHMS, DecodeSettings
@@ -215,6 +216,8 @@ def bdstack_settings(
     if not (model_dir / SIDECAR_NAME).is_file():
         raise ValueError(f"{model_dir} has no {SIDECAR_NAME}: --mode {mode} needs a bdstack checkpoint directory")
     sidecar = read_sidecar(model_dir)
+    if sidecar.draft_adapter is not None:
+        raise ValueError(NOT_ON_SGLANG)
     tok = AutoTokenizer.from_pretrained(model_dir)
     sidecar.check_tokenizer(tok)
     eot = end_of_turn_id(tok)

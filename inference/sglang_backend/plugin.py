@@ -29,6 +29,7 @@ import logging
 from pathlib import Path
 
 from bdcore.decode.config import DecodeSettingsError, check_draft_len
+from bdcore.draft_adapter import NOT_ON_SGLANG
 from bdcore.gated_delta import is_hybrid
 from bdcore.sidecar import SIDECAR_NAME, read_sidecar
 from inference.sglang_backend.algorithms import SelfSpec, ShiftedDiffusion
@@ -77,6 +78,8 @@ def load_settings(model_path: str, algorithm: str, config_path: str | None) -> D
         )
     if not sidecar.shift:
         raise PluginError("the checkpoint is unshifted (shift: false); our SGLang algorithms decode shifted ones")
+    if sidecar.draft_adapter is not None:
+        raise PluginError(NOT_ON_SGLANG)
     if algorithm == SELF_SPEC:
         try:
             check_draft_len(settings.block_size, sidecar.bd_size)

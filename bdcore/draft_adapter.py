@@ -1,0 +1,234 @@
+"""LoRA conversion, and the draft-only adapter (docs/design.md section 8.13): one definition of where it acts.
+
+A conversion may train LoRA adapters (peft) on the decoder layers' linear projections instead of every
+weight, plus the `<|mask|>` embedding row alone (a parameter of its own on the input embedding, swapped in
+where the input is `<|mask|>`; peft's trainable tokens would also tie a copy into a tied output layer,
+which FSDP2 cannot load, and the output row of `<|mask|>` is never used: it is banned from every output).
+
+A **draft-only** adapter is
+switched on per row: its contribution is added only at rows that draft (the training row's noised views,
+the engine's canvas rows) and is exactly zero at every other row (prompt, committed and verified
+tokens, the clean stream). Those rows therefore run the base weights bit for bit, so the AR head, causal
+decoding and self-spec verification are the original model's, and self-spec is lossless against it.
+
+The switch is a forward hook on every LoRA `B` projection that multiplies its output by the forward's
+row gate (1 at drafting rows, 0 elsewhere); every forward of a model with a draft adapter must say which
+rows draft (`draft_rows`), so that no caller can forget it silently.
+
+peft is used as made (`inject_adapter_in_model`, its state-dict helpers and adapter directory format),
+so a draft adapter directory is a stock peft LoRA adapter over the stock base checkpoint, plus
+`mask_row.safetensors`.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+ADAPTER_DIR = "draft_adapter"  # a stock peft adapter directory inside a draft-adapter checkpoint
+ADAPTER_NAME = "default"
+GATE_ATTR = "_bd_draft_gate"
+MASK_ROW = "bd_mask_row"  # the trained <|mask|> input row: a parameter of the input embedding module
+MASK_ROW_FILE = "mask_row.safetensors"
+MASK_ID_ATTR = "_bd_mask_id"
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    rank: int
+    alpha: float
+    targets: str = "all-linear"  # peft target_modules: "all-linear" or comma-separated module names
+    draft_only: bool = True
+
+    def lora_config(self, mask_id: int):
+        from peft import LoraConfig
+
+        targets = self.targets if self.targets == "all-linear" else [t for t in self.targets.split(",") if t]
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,
+            lora_dropout=0.0,
+            target_modules=targets,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# Why SGLang cannot serve a draft adapter (the plugin and the launcher both say it).
+NOT_ON_SGLANG = (
+    "the checkpoint carries a draft-only adapter, which acts at canvas rows only; SGLang runs every row of a "
+    "forward through the same weights, so its diffusion and self-spec would not be what was trained: serve it "
+    "with --backend native (--mode causal on SGLang serves the base model, which the directory holds as is)"
+)
+
+
+class DraftGate:
+    """The per-row switch of a draft-only adapter. `rows` is a bool [B, T] for the current forward."""
+
+    def __init__(self):
+        self.rows: torch.Tensor | None = None
+        self.batch_row: int | None = None  # set while a layer runs one batch row alone (hybrid decode)
+
+    def __call__(self, module, args, out):
+        rows = self.rows
+        if rows is None:
+            raise RuntimeError(
+                "a model with a draft-only adapter ran without saying which rows draft; wrap the forward in "
+                "bdcore.draft_adapter.draft_rows(model, rows)"
+            )
+        if out.dim() == rows.dim() + 1 and out.shape[:-1] == rows.shape:
+            gate = rows
+        elif self.batch_row is not None and out.dim() == 2:  # one batch row's rows, [Q, F]
+            gate = rows[self.batch_row, : out.shape[0]]
+        elif out.shape[:-1].numel() == rows.numel():  # the layer flattened [B, T] to [B * T]
+            gate = rows.reshape(out.shape[:-1])
+        else:
+            raise RuntimeError(f"draft gate of shape {tuple(rows.shape)} does not fit LoRA output {tuple(out.shape)}")
+        return out * gate[..., None].to(out.dtype)
+
+
+class _SwapMaskRow:
+    """Forward hook of the input embedding: rows whose input is `<|mask|>` take the trained row."""
+
+    def __init__(self, mask_id: int):
+        self.mask_id = mask_id
+
+    def __call__(self, module, args, out):
+        row = getattr(module, MASK_ROW)
+        return torch.where((args[0] == self.mask_id)[..., None], row.to(out.dtype), out)
+
+
+def add_lora(model, spec: LoraSpec, mask_id: int):
+    """Inject the LoRA adapters and the trainable `<|mask|>` row into `model` in place; only they train.
+    A draft-only adapter also gets its gate. Returns the model."""
+    from peft import inject_adapter_in_model
+
+    model = inject_adapter_in_model(spec.lora_config(mask_id), model, adapter_name=ADAPTER_NAME)
+    embed = model.get_input_embeddings()
+    embed.register_parameter(MASK_ROW, torch.nn.Parameter(embed.weight.detach()[mask_id].clone()))
+    embed.register_forward_hook(_SwapMaskRow(mask_id))
+    object.__setattr__(embed, MASK_ID_ATTR, mask_id)
+    if spec.draft_only:
+        gate = DraftGate()
+        for name, module in model.named_modules():
+            if name.endswith(f"lora_B.{ADAPTER_NAME}"):
+                module.register_forward_hook(gate)
+        for module in model.modules():  # the model and every layer can find it
+            object.__setattr__(module, GATE_ATTR, gate)
+    return model
+
+
+def draft_gate(module) -> DraftGate | None:
+    return getattr(module, GATE_ATTR, None)
+
+
+@contextmanager
+def _gate_set(module, field: str, value):
+    gate = draft_gate(module)
+    if gate is None:  # no draft adapter: nothing to switch
+        yield
+        return
+    previous = getattr(gate, field)
+    setattr(gate, field, value)
+    try:
+        yield
+    finally:
+        setattr(gate, field, previous)
+
+
+def draft_rows(model, rows: torch.Tensor):
+    """Run forwards of `model` with the draft adapter on at `rows` (bool [B, T]) only; a no-op for a model
+    without a draft adapter."""
+    return _gate_set(model, "rows", rows)
+
+
+def one_batch_row(module, b: int):
+    """A layer that runs batch row `b` alone (the hybrid decode path) gates its projections by that row."""
+    return _gate_set(module, "batch_row", b)
+
+
+def has_lora(model) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def _mask_row_key(model) -> str:
+    return f"{_key_of(model, model.get_input_embeddings())}.{MASK_ROW}"
+
+
+def base_state_dict(full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The base model's own weights from the state dict of a model with LoRA injected (peft keeps them as
+    `<module>.base_layer.weight`)."""
+    return {k.replace(".base_layer", ""): v for k, v in full.items() if "lora_" not in k and MASK_ROW not in k}
+
+
+def merged_state_dict(model, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A plain LoRA conversion as stock weights: every adapted projection's weight plus its LoRA delta, the
+    `<|mask|>` row from the trainable tokens (what peft's merge would give; the deltas come from peft)."""
+    merged = base_state_dict(full)
+    for name, module in model.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "lora_A") and ADAPTER_NAME in module.lora_A:
+            a, b = full[f"{name}.lora_A.{ADAPTER_NAME}.weight"], full[f"{name}.lora_B.{ADAPTER_NAME}.weight"]
+            scale = module.scaling[ADAPTER_NAME]
+            key = f"{name}.weight"
+            merged[key] = (merged[key].float() + (b.float() @ a.float()) * scale).to(merged[key].dtype)
+    row_key = _mask_row_key(model)
+    key = row_key[: -len(MASK_ROW)] + "weight"
+    embed, out = model.get_input_embeddings(), model.get_output_embeddings()
+    weight = merged[key].clone()
+    weight[getattr(embed, MASK_ID_ATTR)] = full[row_key].to(weight.dtype)
+    merged[key] = weight
+    if out is not None and out.weight is embed.weight:  # tied: the output row of <|mask|> (banned) moves too
+        merged[_key_of(model, out) + ".weight"] = weight
+    return merged
+
+
+def _key_of(model, target) -> str:
+    return next(name for name, module in model.named_modules() if module is target)
+
+
+def save_adapter(model, full: dict[str, torch.Tensor], directory: Path) -> None:
+    """The adapter (LoRA weights and the `<|mask|>` row) as a stock peft adapter directory."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    adapter = get_peft_model_state_dict(model, state_dict=full, adapter_name=ADAPTER_NAME)
+    save_file({k: v.contiguous() for k, v in adapter.items()}, str(directory / "adapter_model.safetensors"))
+    row = full[_mask_row_key(model)].contiguous()
+    mask_id = getattr(model.get_input_embeddings(), MASK_ID_ATTR)
+    save_file({MASK_ROW: row}, str(directory / MASK_ROW_FILE), metadata={"mask_id": str(mask_id)})
+    model.peft_config[ADAPTER_NAME].save_pretrained(str(directory))
+
+
+def load_draft_adapter(model, directory: Path, mask_id: int):
+    """Inject a saved draft adapter into a base model (its gate included) and load its weights."""
+    from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    config = LoraConfig.from_pretrained(str(directory))
+    spec = LoraSpec(rank=config.r, alpha=config.lora_alpha, targets=_targets(config), draft_only=True)
+    add_lora(model, spec, mask_id)
+    saved = load_file(str(directory / "adapter_model.safetensors"))
+    expected = get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME)
+    if set(saved) != set(expected) or any(saved[k].shape != expected[k].shape for k in saved):
+        odd = sorted(set(saved) ^ set(expected))[:3] or [k for k in saved if saved[k].shape != expected[k].shape][:3]
+        raise ValueError(
+            f"{directory}: the adapter does not fit the base model ({odd}); it was trained on another base"
+        )
+    set_peft_model_state_dict(model, saved)
+    row = load_file(str(directory / MASK_ROW_FILE))[MASK_ROW]
+    embed = model.get_input_embeddings()
+    if row.shape != getattr(embed, MASK_ROW).shape:
+        raise ValueError(f"{directory / MASK_ROW_FILE}: a row of {tuple(row.shape)} for an embedding of {embed}")
+    with torch.no_grad():
+        getattr(embed, MASK_ROW).copy_(row)
+    return model.requires_grad_(False)
+
+
+def _targets(config) -> str:
+    t = config.target_modules
+    return t if isinstance(t, str) else ",".join(sorted(t))

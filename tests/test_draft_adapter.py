@@ -1,0 +1,184 @@
+"""Draft-only LoRA adapters: the clean stream and every kept row run the base model bit for bit, only the
+adapter and the `<|mask|>` row train, the engine applies the adapter at canvas rows only (causal and greedy
+self-spec output == the base model's; canvas logits == the training forward's), and a plain LoRA
+conversion merges into stock weights that compute what the adapted model computes."""
+
+import copy
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from bdcore.decode.config import DecodeConfig
+from bdcore.decode.sampling import SamplingParams
+from bdcore.draft_adapter import ADAPTER_DIR, MASK_ROW, LoraSpec, add_lora, merged_state_dict, save_adapter
+from bdcore.sidecar import Sidecar, SidecarError, read_sidecar, write_sidecar
+from inference.native.engine import Engine
+from inference.native.loading import load_checkpoint
+from tests.test_invariant_3_engine_denoise import check_engine_canvas_logits
+from tests.test_invariant_4_self_spec import _prompts
+from tests.tiny import FILLER_ID, MASK_ID, random_sample, tiny_checkpoint, tiny_hybrid_model, tiny_model
+from train.config import BlockDiffusionConfig
+from train.model import TwoStreamLM
+from train.noise import noise_generator
+from train.rows import SpecialIds, build_batch
+
+ARCHS = ["qwen3", "qwen3_5"]
+
+
+def randomize_adapter(model, seed: int = 0, scale: float = 0.3) -> None:
+    """LoRA B starts at zero (a no-op adapter): give every adapter weight a value that changes outputs."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name or MASK_ROW in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def adapted(model, *, draft_only=True, mask_id=MASK_ID, seed=0):
+    add_lora(model, LoraSpec(rank=4, alpha=8, draft_only=draft_only), mask_id)
+    randomize_adapter(model, seed)
+    return model
+
+
+def draft_checkpoint(directory, arch: str):
+    """tiny_checkpoint's base weights untouched, plus a random draft adapter and a sidecar naming it."""
+    tiny_checkpoint(directory, arch=arch, bd_size=4)
+    sidecar = read_sidecar(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    adapted(model, mask_id=sidecar.mask_id)
+    save_adapter(model, model.state_dict(), directory / ADAPTER_DIR)
+    write_sidecar(directory, Sidecar(**{**sidecar.__dict__, "draft_adapter": ADAPTER_DIR}))
+    return directory
+
+
+def _batch(cfg):
+    rng = random.Random(3)
+    samples = [random_sample(rng, max_prompt=10, max_resp=14) for _ in range(3)]
+    return build_batch([[s] for s in samples], cfg, SpecialIds(MASK_ID, FILLER_ID), noise_generator(5, 0, 0))
+
+
+def _tiny(arch):
+    return tiny_hybrid_model() if arch == "qwen3_5" else tiny_model(arch)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_clean_stream_is_the_base_model_bit_for_bit(arch):
+    base = _tiny(arch)
+    model = adapted(copy.deepcopy(base))
+    cfg = BlockDiffusionConfig(bd_size=4, ar_loss_weight=0.0, clean_causal=True)
+    batch = _batch(cfg)
+    with torch.no_grad():
+        got = TwoStreamLM(model, cfg).hidden_states(batch)
+        want = TwoStreamLM(base, cfg).hidden_states(batch)
+    clean, noised = batch.meta.stream == 0, batch.meta.stream >= 1
+    assert torch.equal(got[clean], want[clean])
+    assert (got[noised] - want[noised]).abs().max() > 1e-2, "the adapter acts at the noised views"
+
+
+def test_a_forward_that_does_not_say_which_rows_draft_is_refused():
+    model = adapted(tiny_model())
+    with pytest.raises(RuntimeError, match="draft_rows"):
+        model(input_ids=torch.tensor([[1, 2, 3]]))
+
+
+def test_only_the_adapter_and_the_mask_row_train():
+    model = adapted(tiny_model())
+    cfg = BlockDiffusionConfig(bd_size=4, ar_loss_weight=0.0, clean_causal=True)
+    TwoStreamLM(model, cfg)(_batch(cfg)).loss.backward()
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in n or n.endswith(MASK_ROW) for n in trained)
+    assert any(n.endswith(MASK_ROW) for n in trained), "the <|mask|> row trains"
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            assert p.grad is not None and p.grad.abs().sum() > 0, n
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def pair(request, tmp_path_factory):
+    """The same base served plainly and with a draft adapter."""
+    plain = load_checkpoint(tiny_checkpoint(tmp_path_factory.mktemp("plain"), arch=request.param, bd_size=4))
+    draft = load_checkpoint(draft_checkpoint(tmp_path_factory.mktemp("draft"), request.param))
+    return plain, draft
+
+
+def test_causal_and_greedy_self_spec_are_the_base_models_output(pair):
+    plain, draft = pair
+    params = SamplingParams(max_tokens=20)
+    base = Engine(plain, DecodeConfig(mode="causal"))
+    modes = {m: Engine(draft, DecodeConfig(mode=m, draft_len=4)) for m in ("causal", "self-spec", "diffusion")}
+    plain_diffusion = Engine(plain, DecodeConfig(mode="diffusion"))
+    differs = 0
+    for ids in _prompts(plain.tokenizer, 8, seed=2):
+        want = base.generate(ids, params)
+        for mode in ("causal", "self-spec"):
+            got = modes[mode].generate(ids, params)
+            assert got.tokens == want.tokens and got.finish_reason == want.finish_reason, mode
+        differs += modes["diffusion"].generate(ids, params).tokens != plain_diffusion.generate(ids, params).tokens
+    assert differs > 0, "the adapter changes the drafts"
+
+
+def test_batched_forwards_gate_each_row_as_one_request_alone(pair):
+    """Padded batched forwards (clean and canvas rows of several requests) == each request alone, and the
+    scheduler's batched generations == one at a time, in every mode."""
+    from tests.test_scheduler import test_batched_equals_one_by_one, test_batched_logits_match_one_sequence_forwards
+
+    _, draft = pair
+    test_batched_logits_match_one_sequence_forwards(draft)
+    test_batched_equals_one_by_one(draft, mix=True)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen3_5"])
+def test_engine_canvas_logits_equal_training_logits_with_the_adapter(arch):
+    check_engine_canvas_logits(arch, True, False, adapt=adapted, atol=1e-4 if arch == "qwen3_5" else 2e-5)
+
+
+def test_plain_lora_merges_into_stock_weights():
+    model = adapted(tiny_model(), draft_only=False)
+    merged = tiny_model()
+    merged.load_state_dict(merged_state_dict(model, model.state_dict()))
+    ids = torch.tensor([[3, MASK_ID, 7, 11, MASK_ID, 2]])
+    with torch.no_grad():
+        want, got = model(input_ids=ids).logits, merged(input_ids=ids).logits
+    assert (want - tiny_model()(input_ids=ids).logits).abs().max() > 1e-2, "the adapter changes the model"
+    keep = torch.arange(want.shape[-1]) != MASK_ID  # tied: the merged output row of <|mask|> (banned) moved too
+    torch.testing.assert_close(got[..., keep], want[..., keep], atol=1e-5, rtol=1e-5)
+
+
+def test_sidecar_names_the_adapter_and_is_validated(tmp_path):
+    ckpt = draft_checkpoint(tmp_path / "c", "qwen3")
+    assert read_sidecar(ckpt).draft_adapter == ADAPTER_DIR
+    base = {**Sidecar(bd_size=4, mask_id=1).__dict__}
+    for bad in ("", "../x", "/abs", 3):
+        with pytest.raises(SidecarError, match="draft_adapter"):
+            Sidecar.from_dict({**base, "draft_adapter": bad})
+    with pytest.raises(SidecarError, match="format_version 2"):
+        Sidecar.from_dict({**base, "format_version": 1, "draft_adapter": ADAPTER_DIR})
+    assert Sidecar.from_dict({**base, "format_version": 1}).draft_adapter is None  # version 1 still reads
+    (ckpt / ADAPTER_DIR / "adapter_config.json").unlink()
+    with pytest.raises(ValueError, match="adapter_config.json"):
+        load_checkpoint(ckpt)
+
+
+def test_sglang_refuses_a_draft_adapter_and_says_what_serves_it(tmp_path, capsys):
+    import yaml
+
+    from inference import serve
+    from inference.sglang_backend import plugin
+    from inference.sglang_backend.command import bdstack_settings
+
+    ckpt = draft_checkpoint(tmp_path / "c", "qwen3")
+    for mode in ("diffusion", "self-spec"):
+        argv = [str(ckpt), "--mode", mode, "--backend", "sglang", "--dry-run", "--sglang-python", "/x/python"]
+        with pytest.raises(SystemExit, match="draft-only adapter.*--backend native"):
+            serve.main(argv)
+    # the plugin inside SGLang refuses it too (settings made for the same checkpoint without the adapter)
+    sidecar = read_sidecar(ckpt)
+    write_sidecar(ckpt, Sidecar(**{**sidecar.__dict__, "draft_adapter": None}))
+    path = tmp_path / "s.yaml"
+    settings = bdstack_settings(ckpt, "diffusion")
+    path.write_text(yaml.safe_dump(settings.to_dict()))
+    write_sidecar(ckpt, sidecar)
+    with pytest.raises(plugin.PluginError, match="draft-only adapter"):
+        plugin.load_settings(str(ckpt), settings.algorithm, str(path))
