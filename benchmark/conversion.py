@@ -8,7 +8,8 @@ Arms (each one `train.py` run on the same base, sized to the budget by a 3-step 
 - `sft_self`: two-stream SFT on self-distilled data (`data.self_distill`: the base model's own greedy
   answers to the same prompts, answers cut at the limit dropped);
 - `opd`: on-policy distillation alone (`--opd_on_policy`), prompts from the given data;
-- `sft_opd`: 30% of the budget of `sft_self` as a warm start, then OPD for the rest.
+- `sft_opd`: 30% of the budget of `sft_self` as a warm start, then OPD for the rest;
+- `sft_draft`: `sft` with a draft-only LoRA adapter (`--lora-flags`): the base weights stay as they are.
 Every checkpoint (and the base, causal only) is then evaluated on the held-out prompts side by side
 (`benchmark/conversion_eval.py`), and one table is printed with the command that produced it.
 """
@@ -23,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-ARMS = ("sft", "sft_self", "opd", "sft_opd")
+ARMS = ("sft", "sft_self", "opd", "sft_opd", "sft_draft")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -39,8 +40,23 @@ def _run(cmd: list[str], log: Path) -> float:
 def _train(args, out: Path, name: str, model: str, data: Path, steps: int, extra: list[str]) -> float:
     cmd = [sys.executable, "train.py", "--model_id", model, "--dataset", str(data), "--max_steps", str(steps)]
     cmd += ["--warmup", str(max(1, steps // 20)), "--log_every", "1", "--save_dir", str(out / name)]
-    cmd += shlex.split(args.train_flags) + extra
-    return _run(cmd, out / f"{name}.log")
+    flags = shlex.split(args.train_flags)
+    if "--draft_adapter" in extra:  # the draft adapter's clean stream is the base: no AR term to weigh
+        flags = _without(flags, "--ar_loss_weight")
+    return _run(cmd + flags + extra, out / f"{name}.log")
+
+
+def _without(flags: list[str], name: str) -> list[str]:
+    """`flags` without `name` and its value."""
+    out, skip = [], False
+    for f in flags:
+        if skip:
+            skip = False
+        elif f == name:
+            skip = True
+        elif not f.startswith(f"{name}="):
+            out.append(f)
+    return out
 
 
 def _steps_for(args, out: Path, name: str, model: str, data: Path, extra: list[str], seconds: float) -> int:
@@ -50,6 +66,23 @@ def _steps_for(args, out: Path, name: str, model: str, data: Path, extra: list[s
     times = [json.loads(x)["step_time_s"] for x in records]
     per_step = sum(times[1:]) / max(1, len(times) - 1)
     return max(2, int(seconds / per_step))
+
+
+def _cost(run: Path) -> dict:
+    """What the arm's last training run cost: trainable parameters, peak memory, median step time, and the
+    size of its checkpoint (weights, tokenizer, sidecar and adapter; not the resume state)."""
+    info = json.loads((run / "model_info.json").read_text())
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    times = sorted(r["step_time_s"] for r in records[1:] or records)
+    final = run / "final"
+    size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file() and "train_state" not in f.parts)
+    return {
+        "final": str(final),
+        "trainable_params": info["trainable_params"],
+        "peak_mem_mib": max(r["peak_mem_mib"] for r in records),
+        "step_time_s": times[len(times) // 2],
+        "checkpoint_mb": size / 2**20,
+    }
 
 
 def _prompts_file(sft_data: Path, out: Path) -> Path:
@@ -93,6 +126,7 @@ def run(args) -> list[dict]:
         "sft_self": [("sft_self", args.base, self_data, [], 1.0)],
         "opd": [("opd", args.base, opd_data, opd, 1.0)],
         "sft_opd": [("warm", args.base, self_data, [], 0.3), ("sft_opd", None, opd_data, opd, 0.7)],
+        "sft_draft": [("sft_draft", args.base, Path(args.sft_data), shlex.split(args.lora_flags), 1.0)],
     }
     for arm in args.arms:
         wall, steps = 0.0, []
@@ -101,7 +135,7 @@ def run(args) -> list[dict]:
             n = _steps_for(args, out, name, model, data, extra, budget * share)
             wall += _train(args, out, name, model, data, n, extra)
             steps.append(n)
-        rows.append({"arm": arm, "steps": steps, "train_wall_s": wall, "final": str(out / arm / "final")})
+        rows.append({"arm": arm, "steps": steps, "train_wall_s": wall, **_cost(out / arm)})
         print(f"{arm}: {'+'.join(map(str, steps))} steps in {wall:.0f} s", flush=True)
     return rows
 
@@ -112,9 +146,10 @@ def table(base: dict, rows: list[dict]) -> str:
 
     lines = [
         "| arm | steps | train s | AR held-out loss | causal quality | self-spec tok/fwd | self-spec tok/s vs causal "
-        "| diffusion tok/fwd | diffusion tok/s vs causal | diffusion quality | diffusion same as causal |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-        f"| base | - | - | {f(base['ar_loss'], '.3f')} | {f(base['causal']['quality'], '.1%')} |" + " - |" * 6,
+        "| diffusion tok/fwd | diffusion tok/s vs causal | diffusion quality | diffusion same as causal "
+        "| trainable params | peak mem MiB | step s | checkpoint MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| base | - | - | {f(base['ar_loss'], '.3f')} | {f(base['causal']['quality'], '.1%')} |" + " - |" * 10,
     ]
     for r in rows:
         c, s, d = r["causal"], r["self-spec"], r["diffusion"]
@@ -122,7 +157,8 @@ def table(base: dict, rows: list[dict]) -> str:
             f"| {r['arm']} | {'+'.join(map(str, r['steps']))} | {r['train_wall_s']:.0f} | {f(r['ar_loss'], '.3f')} "
             f"| {f(c['quality'], '.1%')} | {s['tokens_per_forward']:.2f} | {s['tok_s'] / c['tok_s']:.2f}x "
             f"| {d['tokens_per_forward']:.2f} | {d['tok_s'] / c['tok_s']:.2f}x | {f(d['quality'], '.1%')} "
-            f"| {d['same_as_causal']:.0%} |"
+            f"| {d['same_as_causal']:.0%} | {r['trainable_params'] / 1e6:.2f}M | {r['peak_mem_mib']:.0f} "
+            f"| {r['step_time_s']:.2f} | {r['checkpoint_mb']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -145,6 +181,11 @@ def main(argv=None) -> int:
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {ARMS}")
     p.add_argument("--train-flags", default="--bd_size 8 --ar_loss_weight 0.2 --pack --max_length 1024 --lr 2e-3")
     p.add_argument("--opd-flags", default="--opd_prompts_per_step 4 --opd_max_new_tokens 64 --lr 5e-4")
+    p.add_argument(
+        "--lora-flags",
+        default="--lora_rank 32 --draft_adapter --lr 5e-3",
+        help="train.py flags of the sft_draft arm, after --train-flags",
+    )
     p.add_argument("--max-tokens", type=int, default=64, help="answer cap in self-distillation and evaluation")
     p.add_argument("--threshold", type=float, default=0.9, help="diffusion commit threshold at evaluation")
     p.add_argument("--limit", type=int, default=100, help="held-out prompts evaluated")

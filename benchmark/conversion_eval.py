@@ -23,6 +23,7 @@ import torch
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
+from bdcore.draft_adapter import draft_rows
 
 MODES = ("causal", "diffusion", "self-spec")
 
@@ -86,15 +87,20 @@ def quality(record: dict, answer: str) -> bool | None:
 
 
 @torch.no_grad()
-def ar_loss(model, heldout: Heldout) -> float | None:
-    """Mean next-token loss on the reference answers (causal attention: the model's AR head)."""
+def ar_loss(model, heldout: Heldout, banned: int | None = None) -> float | None:
+    """Mean next-token loss on the reference answers (causal attention: the model's AR head), with `banned`
+    (the `<|mask|>` id) out of the distribution as decoding has it, so a converted checkpoint compares
+    with its base over the same vocabulary."""
     total, count = 0.0, 0
     device = next(model.parameters()).device
     for prompt, ref in zip(heldout.prompt_ids, heldout.references):
         if ref is None:
             continue
         ids = torch.tensor([prompt + ref], device=device)
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        with draft_rows(model, torch.zeros_like(ids, dtype=torch.bool)):  # no row drafts in a causal forward
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        if banned is not None and banned < logits.shape[-1]:
+            logits[:, banned] = float("-inf")
         total += float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt) :], reduction="sum"))
         count += len(ref)
     return total / count if count else None
@@ -105,7 +111,7 @@ def evaluate(checkpoint: Path, heldout: Heldout, *, max_tokens: int, threshold: 
     from inference.native.loading import load_checkpoint
 
     loaded = load_checkpoint(checkpoint)
-    row = {"checkpoint": str(checkpoint), "ar_loss": ar_loss(loaded.model, heldout)}
+    row = {"checkpoint": str(checkpoint), "ar_loss": ar_loss(loaded.model, heldout, loaded.mask_id)}
     causal_tokens = None
     for mode in MODES if loaded.sidecar is not None else ("causal",):  # a plain AR base: causal only
         engine = Engine(loaded, DecodeConfig(mode=mode, threshold=threshold))

@@ -29,15 +29,24 @@ def test_arms_train_on_one_base_and_are_evaluated_side_by_side(demo_kit, tmp_pat
     """The kit's random base never ends an answer, so its self-distilled set is empty: the two arms that
     need it are covered by the refusal below and by the demo-scale run in docs/results.md."""
     out = tmp_path / "conv"
-    assert conversion.main(_argv(demo_kit, demo_kit / "base_model", out, "sft,opd")) == 0
+    argv = _argv(demo_kit, demo_kit / "base_model", out, "sft,opd,sft_draft") + [
+        "--lora-flags",
+        "--lora_rank 4 --draft_adapter",
+    ]
+    assert conversion.main(argv) == 0
     record = json.loads((out / "conversion.json").read_text())
-    assert [r["arm"] for r in record["arms"]] == ["sft", "opd"]
+    assert [r["arm"] for r in record["arms"]] == ["sft", "opd", "sft_draft"]
     for r in record["arms"]:
         assert all(n >= 2 for n in r["steps"])
         for mode in ("causal", "diffusion", "self-spec"):
             assert r[mode]["tokens_per_forward"] > 0
         assert r["causal"]["same_as_causal"] == 1.0
     assert record["base"]["ar_loss"] > 0 and "diffusion" not in record["base"]
+    sft, _, draft = record["arms"]
+    # the draft adapter keeps the base: its AR loss and causal answers are the base's
+    assert draft["ar_loss"] == pytest.approx(record["base"]["ar_loss"], rel=1e-5)
+    assert draft["trainable_params"] < sft["trainable_params"] / 10 and draft["checkpoint_mb"] > 0
+    assert all(r["peak_mem_mib"] > 0 and r["step_time_s"] > 0 for r in (sft, draft))
     text = capsys.readouterr().out
     assert "| opd |" in text and "python -m benchmark.conversion" in text
 

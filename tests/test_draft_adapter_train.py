@@ -80,3 +80,12 @@ def test_draft_adapter_resume_continues_the_same_run(demo_kit, tmp_path):
         got = load_file(str(resumed / "final" / ADAPTER_DIR / name))
         for k in want:
             torch.testing.assert_close(got[k], want[k], atol=1e-6, rtol=1e-6)
+
+
+def test_opd_with_a_draft_adapter_needs_no_second_model(demo_kit, tmp_path):
+    run = tmp_path / "opd"
+    opd = dict(opd_on_policy=True, opd_prompts_per_step=2, opd_max_new_tokens=12, opd_slots="masked")
+    run_train(train_args(demo_kit, run, max_steps=2, draft_adapter=True, **LORA, **opd))
+    for record in read_metrics(run).values():
+        assert record["opd_kl"] > 0 and record["opd_ar_kl"] == 0.0  # the teacher is the clean stream itself
+        assert record["t_teacher_s"] < 1e-3, "no teacher forward"

@@ -177,3 +177,21 @@ def test_kl_equals_an_independent_computation_slot_by_slot(loaded, slots):
     assert parts.kl_tokens == len(kls) > 0
     assert float(parts.kl) == pytest.approx(sum(kls) / len(kls), rel=1e-4, abs=1e-5)
     assert later > 0 if slots == "masked" else later == 0  # the states left slots masked for later steps
+
+
+def test_a_draft_adapters_clean_stream_is_the_teacher(loaded):
+    """With a draft-only adapter the student's clean stream is the base model: the targets it gives in the
+    same forward (teacher None) are the base model's causal distributions."""
+    from tests.test_draft_adapter import adapted
+
+    base = copy.deepcopy(loaded.model)
+    student = adapted(copy.deepcopy(loaded.model), mask_id=loaded.mask_id)
+    _, chosen, lm = _setup(student, loaded, per_block=0)
+    kwargs = dict(mask_id=loaded.mask_id, filler_id=_filler(loaded), ar_weight=1.0, slots="masked")
+    free = opd_loss(lm, chosen, None, **kwargs)
+    with_base = opd_loss(lm, chosen, teacher_logprobs(base, chosen, mask_id=loaded.mask_id), **kwargs)
+    assert free.kl_tokens == with_base.kl_tokens > 0
+    assert float(free.kl) == pytest.approx(float(with_base.kl), rel=1e-4) and float(free.kl) > 0.01
+    assert float(free.ar_kl) == 0.0 and float(with_base.ar_kl) == pytest.approx(0.0, abs=1e-5)
+    for a, b in zip(free.teacher_logp, with_base.teacher_logp):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

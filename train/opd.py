@@ -32,6 +32,7 @@ class OPDParts:
     ar_kl: torch.Tensor  # mean KL on the clean stream's AR rows over the answers
     kl_tokens: int
     ar_tokens: int
+    teacher_logp: list[torch.Tensor]  # the targets used, per rollout [len(response), V]
 
 
 def prompt_of(sample: Sample) -> list[int]:
@@ -102,14 +103,16 @@ def masked_slots(rollouts: list[Rollout], scored: ScoredRows, mask_id: int) -> t
 def opd_loss(
     lm,
     rollouts: list[Rollout],
-    teacher_logp: list[torch.Tensor],
+    teacher_logp: list[torch.Tensor] | None,
     *,
     mask_id: int,
     filler_id: int,
     ar_weight: float,
     slots: str = "committed",
 ) -> OPDParts:
-    """The OPD objective on rollouts whose `steps` are the states to revisit (see `choose_states`)."""
+    """The OPD objective on rollouts whose `steps` are the states to revisit (see `choose_states`).
+    `teacher_logp` None: the student's own clean stream is the teacher (a draft-only adapter, whose clean
+    stream is the frozen base model): the AR rows of this same forward, detached, give the targets."""
     if slots not in SLOTS:
         raise ValueError(f"slots must be one of {SLOTS}, got {slots!r}")
     scored = trajectory_rows(rollouts, block=lm.cfg.bd_size, filler_id=filler_id)
@@ -131,12 +134,15 @@ def opd_loss(
     logits = lm(batch, rows=rows)
     logits[:, mask_id] = float("-inf")
     student = logits.log_softmax(-1)
+    n_kl = int(canvas_rows.numel())
+    if teacher_logp is None:
+        teacher_logp = list(student[n_kl:].detach().split([len(ro.response) for ro in rollouts]))
     owner = torch.cat([canvas_owner, torch.tensor(ar_owner, dtype=torch.long)])
     index = torch.cat([canvas_index, torch.tensor(ar_pos, dtype=torch.long)])
     target = torch.stack([teacher_logp[o][i] for o, i in zip(owner.tolist(), index.tolist())]) if len(owner) else None
-    n_kl = int(canvas_rows.numel())
     kls = _kl(target.to(device), student) if target is not None else student.new_zeros(0)
     kl, ar_kl = kls[:n_kl], kls[n_kl:]
     kl_mean = kl.mean() if n_kl else kls.new_zeros(())
     ar_mean = ar_kl.mean() if ar_kl.numel() else kls.new_zeros(())
-    return OPDParts(kl_mean + ar_weight * ar_mean, kl_mean.detach(), ar_mean.detach(), n_kl, int(ar_kl.numel()))
+    loss = kl_mean + ar_weight * ar_mean
+    return OPDParts(loss, kl_mean.detach(), ar_mean.detach(), n_kl, int(ar_kl.numel()), teacher_logp)

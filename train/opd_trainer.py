@@ -4,7 +4,8 @@ Per optimizer step each rank draws `--opd_prompts_per_step` prompts (a generator
 and step, so a resumed run draws what the uninterrupted run drew), the student rolls them out with
 the serving engine's diffusion decoding, the frozen teacher scores the answers, and the OPD loss
 (`train/opd.py`) is backpropagated through the student's training forward. The teacher is a plain
-frozen copy on every rank (not sharded).
+frozen copy on every rank (not sharded); with a draft-only adapter (`--draft_adapter`) and no
+`--opd_teacher`, it is the student's own clean stream, which is the frozen base model bit for bit.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ class OnPolicyDistiller:
         self.stop_ids = stop_ids(tokenizer)
         self.prompts = [prompt_of(s) for s in samples]
         dtype = compute_dtype(config, info) or torch.float32  # the student's compute dtype
-        self.teacher = load_teacher(self.opd.opd_teacher or config.model.model_id, info.device, dtype)
+        self.teacher = None  # a draft adapter's clean stream is the base model: the teacher comes free
+        if self.opd.opd_teacher or not config.lora.draft_adapter:
+            self.teacher = load_teacher(self.opd.opd_teacher or config.model.model_id, info.device, dtype)
         self.decode = DecodeConfig(mode="diffusion", threshold=self.opd.opd_threshold)
         self.params = SamplingParams(temperature=self.opd.opd_temperature, max_tokens=self.opd.opd_max_new_tokens)
 
@@ -58,7 +61,9 @@ class OnPolicyDistiller:
         seed = int(torch.randint(1 << 30, (), generator=gen))
         rollouts = self._rollouts(lm, [self.prompts[i] for i in picks], seed=seed)
         t1 = time.perf_counter()
-        teacher_logp = teacher_logprobs(self.teacher, rollouts, mask_id=self.mask_id)
+        teacher_logp = None
+        if self.teacher is not None:
+            teacher_logp = teacher_logprobs(self.teacher, rollouts, mask_id=self.mask_id)
         t2 = time.perf_counter()
         chosen = [choose_states(r, self.opd.opd_states_per_block, gen) for r in rollouts]
         parts = opd_loss(
@@ -74,7 +79,7 @@ class OnPolicyDistiller:
         t3 = time.perf_counter()
         generated = sum(r.stats.generated for r in rollouts)
         agree = sum(
-            int((lp.argmax(-1).cpu() == torch.tensor(r.response)).sum()) for r, lp in zip(rollouts, teacher_logp)
+            int((lp.argmax(-1).cpu() == torch.tensor(r.response)).sum()) for r, lp in zip(rollouts, parts.teacher_logp)
         )
         return {
             "opd_loss": float(parts.loss.detach()),

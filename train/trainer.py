@@ -61,6 +61,13 @@ class Trainer:
         self.tokens = build_tokenizer(config)
         self.data = build_rows(config, info, self.tokens, self.run_dir)
         self.model, self.save_dtype = build_model(config, info, self.tokens)
+        if info.is_main:  # what the benchmarks compare across recipes (full fine-tuning vs adapters)
+            params = list(self.model.parameters())
+            trainable = sum(p.numel() for p in params if p.requires_grad)
+            write_json(
+                self.run_dir / "model_info.json",
+                {"trainable_params": trainable, "total_params": sum(p.numel() for p in params)},
+            )
         optim, training = config.optim, config.training
         self.optimizer = build_optimizer(self.model, lr=optim.lr, weight_decay=optim.weight_decay)
         self.scheduler = build_scheduler(
