@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--steps", type=int, default=None, help="diffusion denoise steps per block (default: block-1)")
     n.add_argument("--draft-len", type=int, default=None, help="self-spec N (default and max: trained bd_size)")
     n.add_argument("--no-fuse-commit", action="store_true", help="diffusion: unfused commit and prefill forwards")
+    n.add_argument(
+        "--self-spec-canvases",
+        default="last",
+        choices=["last", "all"],
+        help="self-spec verify forwards draft after the last clean row only (a rejection then costs a cold "
+        "step) or after every clean row (no cold steps, N*N rows a forward); default last; dense models",
+    )
     n.add_argument("--max-tokens", type=int, default=512, help="default max_tokens when a request gives none")
     n.add_argument(
         "--max-batch",
@@ -124,6 +131,11 @@ def sglang_command(args, extra: list[str]) -> list[str]:
         cmd += ["--port", str(args.port)] + (["--api-key", args.api_key] if args.api_key else [])
         cmd += ["--served-model-name", args.served_model_name] if args.served_model_name else []
         return cmd + extra
+    if args.self_spec_canvases != "last":
+        raise SystemExit(
+            "serve.py: error: --self-spec-canvases all is a native-engine decode (SGLang's self-spec verifies in "
+            "separate forwards); use --backend native"
+        )
     settings = sl.bdstack_settings(
         args.model,
         args.mode,
@@ -185,6 +197,7 @@ def run_native(args, extra: list[str]) -> int:
             steps=args.steps,
             draft_len=args.draft_len,
             fuse_commit=not args.no_fuse_commit,
+            self_spec_canvases=args.self_spec_canvases,
         )
         app = create_app(
             loaded,

@@ -218,9 +218,13 @@ def diffusion(
         canvas, masked, steps = start_block(clean_logits, canvas_logits)
 
 
-def self_spec(ref: ReferenceModel, prompt: list[int], *, draft_len: int, max_tokens: int, stop_ids, mask_id) -> Result:
+def self_spec(
+    ref: ReferenceModel, prompt: list[int], *, draft_len: int, max_tokens: int, stop_ids, mask_id, canvases="last"
+) -> Result:
     """Greedy self-spec. `known` is the prompt and every emitted token; its last token (`pending`) has
-    not been verified into the context yet, which only matters to the engine's cache."""
+    not been verified into the context yet, which only matters to the engine's cache. `canvases="all"`:
+    the engine's verify forward also drafts, after every clean row, what would follow it; here the drafts
+    after the accepted prefix come from a forward of their own over that prefix (one engine forward)."""
     r = Result()
     answer = _Answer(r, max_tokens, stop_ids)
     N = draft_len
@@ -248,8 +252,10 @@ def self_spec(ref: ReferenceModel, prompt: list[int], *, draft_len: int, max_tok
                 k += 1
             r.accepted[k] += 1
             emitted = drafts[:k] + [ar[k]]
-            # All drafts accepted: the canvas after them sits at the bonus token's place and drafts on.
-            drafts = _argmax(canvas_logits) if k == N - 1 else None
+            if canvases == "all":  # a canvas at the emitted token's place, seeing the accepted prefix
+                drafts = _argmax(ref(known + drafts[:k], [], [mask_id] * (N - 1))[1])
+            else:  # all drafts accepted: the canvas after them sits at the bonus token's place and drafts on
+                drafts = _argmax(canvas_logits) if k == N - 1 else None
         if answer.add(emitted):
             return r
         known += emitted

@@ -73,6 +73,8 @@ def _decodes(loaded):
     ]
     if loaded.sidecar.clean_causal:
         decodes += [DecodeConfig(mode="self-spec", draft_len=4), DecodeConfig(mode="self-spec", draft_len=2)]
+        if not loaded.model.config.model_type.startswith("qwen3_5"):  # all canvases: dense models so far
+            decodes += [DecodeConfig(mode="self-spec", draft_len=n, self_spec_canvases="all") for n in (4, 3)]
     return decodes
 
 
@@ -93,7 +95,14 @@ def _reference(reference, loaded, decode: DecodeConfig, prompt, max_tokens):
             mask_id=loaded.mask_id,
             **facts,
         )
-    return ref.self_spec(reference, prompt, draft_len=decode.draft_len, mask_id=loaded.mask_id, **facts)
+    return ref.self_spec(
+        reference,
+        prompt,
+        draft_len=decode.draft_len,
+        mask_id=loaded.mask_id,
+        canvases=decode.self_spec_canvases,
+        **facts,
+    )
 
 
 def test_engine_equals_the_reference_decoder(checkpoint):
@@ -114,12 +123,16 @@ def test_engine_equals_the_reference_decoder(checkpoint):
             finishes[want.finish_reason] += 1
             multi_token_steps += decode.mode == "diffusion" and want.generated > want.forwards
             if decode.mode == "self-spec":
-                verify_outcomes.update("full" if k == decode.draft_len - 1 else "rejected" for k in want.accepted)
+                verify_outcomes.update(
+                    ("full" if k == decode.draft_len - 1 else "rejected", decode.self_spec_canvases)
+                    for k in want.accepted
+                )
     # The comparison is only as good as what it exercises.
     assert finishes["stop"] >= 3 and finishes["length"] >= 3, finishes
     assert multi_token_steps > 0, "some diffusion steps committed several tokens"
     if loaded.sidecar.clean_causal:
-        assert verify_outcomes["full"] > 0 and verify_outcomes["rejected"] > 0, verify_outcomes
+        canvases = {c for _, c in verify_outcomes}
+        assert all(verify_outcomes[(o, c)] > 0 for o in ("full", "rejected") for c in canvases), verify_outcomes
 
 
 def test_causal_tokens_per_forward_is_exactly_one_with_the_stop_token_counted(checkpoint):

@@ -7,6 +7,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import openai
 from openai import OpenAI
 
 from tests.conftest import native_server
@@ -91,7 +92,15 @@ def test_causal_counts_the_end_of_turn_token(server, client):
 def test_self_spec_equals_causal_through_the_server(client):
     a = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=16, extra_body={"mode": "causal"})
     b = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=16)
-    assert a.choices[0].message.content == b.choices[0].message.content
+    c = client.chat.completions.create(
+        model="tiny", messages=MSG, max_tokens=16, extra_body={"self_spec_canvases": "all"}
+    )
+    assert a.choices[0].message.content == b.choices[0].message.content == c.choices[0].message.content
+    assert c.usage.model_extra["forwards"] <= c.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError, match="self_spec_canvases"):
+        client.chat.completions.create(
+            model="tiny", messages=MSG, max_tokens=4, extra_body={"self_spec_canvases": "some"}
+        )
 
 
 @pytest.mark.parametrize("mode", MODES)

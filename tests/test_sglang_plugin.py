@@ -63,6 +63,11 @@ def test_causal_runs_stock_sglang_and_bad_settings_are_refused(ckpt, capsys):
         _dry_run(capsys, str(ckpt), "--mode", "self-spec", "--draft-len", "8")
 
 
+def test_all_canvases_self_spec_is_native_only(ckpt, capsys):
+    with pytest.raises(SystemExit, match="--self-spec-canvases all is a native-engine decode"):
+        _dry_run(capsys, str(ckpt), "--mode", "self-spec", "--self-spec-canvases", "all")
+
+
 def test_child_environment_makes_the_launcher_importable():
     env = child_environment({"PYTHONPATH": "/x"})
     assert env["PYTHONPATH"].split(os.pathsep) == [str(REPO_ROOT), "/x"]

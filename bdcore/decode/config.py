@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MODES = ("causal", "diffusion", "self-spec")
+# Self-spec verify forwards: one drafting canvas after the last clean row ("last": a rejection costs a cold
+# step), or one after every clean row ("all": whatever prefix is accepted, its drafts are ready).
+SELF_SPEC_CANVASES = ("last", "all")
 
 
 class DecodeSettingsError(ValueError):
@@ -33,6 +36,7 @@ class ResolvedDecode:
     threshold: float
     draft_len: int  # self-spec N
     fuse_commit: bool
+    canvases: str = "last"  # self-spec: SELF_SPEC_CANVASES
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class DecodeConfig:
     steps: int | None = None  # diffusion: denoise steps per block (default: block_size - 1)
     draft_len: int | None = None  # self-spec N (default and maximum: bd_size)
     fuse_commit: bool = True  # diffusion: fuse each commit (the prefill too) with the next block's first denoise
+    self_spec_canvases: str = "last"  # self-spec: a drafting canvas after the last clean row, or after every one
 
     def resolve(self, bd_size: int | None) -> ResolvedDecode:
         """Fill the defaults from the trained block size (None: a plain AR checkpoint) and check limits."""
@@ -53,6 +58,10 @@ class DecodeConfig:
         draft = self.draft_len or bd
         if self.steps is not None and self.steps < 1:
             raise DecodeSettingsError(f"steps must be >= 1 (default: block_size - 1), got {self.steps}")
+        if self.self_spec_canvases not in SELF_SPEC_CANVASES:
+            raise DecodeSettingsError(
+                f"self_spec_canvases must be one of {SELF_SPEC_CANVASES}, got {self.self_spec_canvases!r}"
+            )
         if not self.threshold >= 0.0:  # above 1: one slot per step (nothing is ever that confident)
             raise DecodeSettingsError(f"threshold must be >= 0, got {self.threshold}")
         if self.mode != "causal":
@@ -60,4 +69,6 @@ class DecodeConfig:
             if block < 2 or draft < 2:
                 raise DecodeSettingsError("block_size and draft_len must be >= 2")
         budget = denoise_budget(block, self.steps)
-        return ResolvedDecode(self.mode, block, budget, self.threshold, draft, self.fuse_commit)
+        return ResolvedDecode(
+            self.mode, block, budget, self.threshold, draft, self.fuse_commit, self.self_spec_canvases
+        )

@@ -158,11 +158,17 @@ class SelfSpecDecoder(Decoder):
     """One forward per step over [pending, drafts, MASK x (N-1)]: the clean rows verify the drafts
     (their logits are the AR logits), the masks draft the tokens after the last accepted one. After a
     rejection the drafts are stale, so the next step is a cold step: [pending, MASK x (N-1)], one AR
-    token and fresh drafts after it. The prefill doubles as a cold step."""
+    token and fresh drafts after it. The prefill doubles as a cold step.
 
-    def __init__(self, seq: Sequence, *, draft_len: int):
+    `canvases="all"`: the verify forward carries a canvas of N-1 masks after *every* clean row j (at the
+    positions after it, seeing the clean rows up to j, each canvas in its own view so none sees another).
+    Whatever prefix k is accepted, the canvas after row k already drafted the tokens after the emitted AR
+    token, so every step after the prefill is a verify step: no cold steps, N + N(N-1) rows a forward."""
+
+    def __init__(self, seq: Sequence, *, draft_len: int, canvases: str = "last"):
         super().__init__(seq)
         self.N = draft_len
+        self.all_canvases = canvases == "all"
         self.c = len(seq.prompt_ids)  # cached tokens; the pending token sits at position c
         self.prefill = True
         self.pending: int | None = None  # emitted, not cached yet
@@ -175,7 +181,10 @@ class SelfSpecDecoder(Decoder):
             return Forward(Rows().clean(self.seq.prompt_ids, 0).canvas([mask] * N, c), c)
         if self.drafts is None:
             return Forward(Rows().clean([self.pending], c).canvas([mask] * (N - 1), c + 1), 1)
-        return Forward(Rows().clean([self.pending, *self.drafts], c).canvas([mask] * (N - 1), c + N), N, True)
+        rows = Rows().clean([self.pending, *self.drafts], c)
+        for j in range(N) if self.all_canvases else [N - 1]:  # the canvas after clean row j
+            rows.canvas([mask] * (N - 1), c + j + 1, view=1 + j)
+        return Forward(rows, N, True)
 
     def receive(self, logits):
         N, c, seq = self.N, self.c, self.seq
@@ -200,7 +209,10 @@ class SelfSpecDecoder(Decoder):
             seq.stats.accepted[k] += 1
             emitted = self.drafts[:k] + [last]
             crop = self.c = c + 1 + k  # pending + accepted drafts stay cached
-            if k == N - 1:  # all accepted: the canvas sits at the bonus token's place and drafts on
+            if self.all_canvases:  # the canvas after row k drafts what follows the emitted token
+                first = N + k * (N - 1)
+                self._draft(logits[first : first + N - 1])
+            elif k == N - 1:  # all accepted: the canvas sits at the bonus token's place and drafts on
                 self._draft(logits[N:])
             else:
                 self.drafts = None
@@ -220,4 +232,4 @@ def make_decoder(decode: ResolvedDecode, seq: Sequence) -> Decoder:
         return DiffusionDecoder(
             seq, block=decode.block, budget=decode.budget, threshold=decode.threshold, fuse_commit=decode.fuse_commit
         )
-    return SelfSpecDecoder(seq, draft_len=decode.draft_len)
+    return SelfSpecDecoder(seq, draft_len=decode.draft_len, canvases=decode.canvases)

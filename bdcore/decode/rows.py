@@ -55,9 +55,10 @@ class Rows:
         """The clean rows are a committed block of a block-causal clean stream."""
         return COMMIT_BLOCK in self.blk[: self.n_clean]
 
-    def canvas(self, tokens: list[int], start: int) -> Rows:
-        """A noised block: sees the clean context before `start` and its whole canvas."""
-        return self._add(tokens, start, CANVAS_STREAM, CANVAS_BLOCK, True)
+    def canvas(self, tokens: list[int], start: int, view: int = CANVAS_STREAM) -> Rows:
+        """A noised block: sees the clean context before `start` and its whole canvas. Canvases of one
+        forward in different views (>= 1) never see each other, as the training row's noised views."""
+        return self._add(tokens, start, view, CANVAS_BLOCK, True)
 
 
 def decode_mask(cached: int, rows: Rows, clean_causal: bool, within_block_causal: bool, device) -> torch.Tensor:

@@ -87,7 +87,7 @@ class ModelRunner:
             masks = {"full_attention": mask, "linear_attention": plans}
         drafting = torch.zeros(n, Q, dtype=torch.bool, device=dev)  # a draft-only adapter acts at canvas rows only
         for b, (_, op) in enumerate(batch):
-            drafting[b, : len(op.rows.stream)] = torch.tensor(op.rows.stream, device=dev) == CANVAS_STREAM
+            drafting[b, : len(op.rows.stream)] = torch.tensor(op.rows.stream, device=dev) >= CANVAS_STREAM
         with draft_rows(self.model, drafting):
             out = self.model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=kv, use_cache=True)
         logits = out.logits.float()

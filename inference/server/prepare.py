@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from bdcore.decode.config import SELF_SPEC_CANVASES
 from bdcore.decode.sampling import SamplingParams
+from bdcore.gated_delta import is_hybrid
 from inference.native.engine import DecodeConfig
 from inference.native.loading import CheckpointError, LoadedModel
 from inference.server.protocol import (
@@ -94,10 +96,22 @@ def check_reply_fits(max_context: int, n_prompt: int, max_tokens: int) -> None:
 
 
 def request_decode(loaded: LoadedModel, default: DecodeConfig, body: dict) -> DecodeConfig:
-    """The server's decode settings with the request's `mode` (an extension), if the checkpoint has it."""
+    """The server's decode settings with the request's `mode` and `self_spec_canvases` (extensions), if
+    the checkpoint has them."""
     mode = body.get("mode", default.mode)
     try:
         loaded.check_mode(mode)
     except CheckpointError as e:
         raise APIError(400, str(e), param="mode") from e
-    return replace(default, mode=mode)
+    canvases = body.get("self_spec_canvases", default.self_spec_canvases)
+    if canvases not in SELF_SPEC_CANVASES:
+        raise APIError(
+            400, f"'self_spec_canvases' must be one of {list(SELF_SPEC_CANVASES)}", param="self_spec_canvases"
+        )
+    if canvases == "all" and mode == "self-spec" and is_hybrid(loaded.model.config):
+        raise APIError(
+            400,
+            "self_spec_canvases 'all' is not available for hybrid (gated-delta) models yet",
+            param="self_spec_canvases",
+        )
+    return replace(default, mode=mode, self_spec_canvases=canvases)

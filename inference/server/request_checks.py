@@ -19,7 +19,7 @@ DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
 
 _COMMON = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed",
-    "logprobs", "mode",
+    "logprobs", "mode", "self_spec_canvases",
 }  # fmt: skip
 _FIELDS = {
     "chat": _COMMON | {
