@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="last",
         choices=["last", "all"],
         help="self-spec verify forwards draft after the last clean row only (a rejection then costs a cold "
-        "step) or after every clean row (no cold steps, N*N rows a forward); default last; dense models",
+        "step) or after every clean row (no cold steps, N*N rows a forward); default last",
     )
     n.add_argument("--max-tokens", type=int, default=512, help="default max_tokens when a request gives none")
     n.add_argument(

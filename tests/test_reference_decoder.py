@@ -73,8 +73,7 @@ def _decodes(loaded):
     ]
     if loaded.sidecar.clean_causal:
         decodes += [DecodeConfig(mode="self-spec", draft_len=4), DecodeConfig(mode="self-spec", draft_len=2)]
-        if not loaded.model.config.model_type.startswith("qwen3_5"):  # all canvases: dense models so far
-            decodes += [DecodeConfig(mode="self-spec", draft_len=n, self_spec_canvases="all") for n in (4, 3)]
+        decodes += [DecodeConfig(mode="self-spec", draft_len=n, self_spec_canvases="all") for n in (4, 3)]
     return decodes
 
 

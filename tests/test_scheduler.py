@@ -52,13 +52,9 @@ def _concurrently(fn, n):
 
 
 def _decodes(loaded):
-    from bdcore.gated_delta import is_hybrid
-
     modes = [DecodeConfig(mode="causal"), DecodeConfig(mode="diffusion", threshold=0.5)]
     if loaded.sidecar.clean_causal:
-        modes.append(DecodeConfig(mode="self-spec"))
-        if not is_hybrid(loaded.model.config):
-            modes.append(DecodeConfig(mode="self-spec", self_spec_canvases="all"))
+        modes += [DecodeConfig(mode="self-spec"), DecodeConfig(mode="self-spec", self_spec_canvases="all")]
     return modes
 
 

@@ -6,8 +6,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 import openai
+import pytest
 from openai import OpenAI
 
 from tests.conftest import native_server

@@ -48,6 +48,9 @@ class DecodePlan:
     # false`): in training such a block is one segment read at its end state, so the commit must be too.
     clean_block_end: bool = False
     steps: dict[int, list[LayerState]] = field(default_factory=dict)  # state after each clean row
+    # The canvas rows after the clean rows, in order: (rows, clean rows of this forward it sees). None: one
+    # canvas seeing every clean row. Self-spec with a canvas after every clean row needs several.
+    canvases: list[tuple[int, int]] | None = None
 
 
 def roll_back(plan: DecodePlan | None, plan_base: int, length: int, states: dict[int, LayerState]) -> None:
@@ -96,6 +99,14 @@ def decode_forward(self, hidden_states, cache_params=None, attention_mask=None, 
     return out
 
 
+def _conv(self, seq):
+    """The causal conv over [K-1 taps of context, rows] -> the rows' activated features."""
+    if seq.shape[0] < self.conv_kernel_size:  # no rows
+        return seq[:0]
+    conv = F.conv1d(seq.t()[None], self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)[0].t()
+    return F.silu(conv) if self.activation in ("silu", "swish") else getattr(F, self.activation)(conv)
+
+
 def _decode_rows(self, x, plan: DecodePlan):
     """One request's rows [Q, hidden] through the gated-delta layer -> [Q, hidden]."""
     Q, K = x.shape[0], self.conv_kernel_size
@@ -105,17 +116,22 @@ def _decode_rows(self, x, plan: DecodePlan):
             x.new_zeros(K - 1, self.conv_dim),
             x.new_zeros(self.num_v_heads, self.head_k_dim, self.head_v_dim, dtype=torch.float32),
         )
+    n, keep = plan.n_clean, plan.keep
+    canvases = plan.canvases if plan.canvases is not None else [(Q - n, n)]
     mixed = self.in_proj_qkv(x)
-    seq = torch.cat([st.conv.to(mixed.dtype), mixed], 0)
-    conv = F.conv1d(seq.t()[None], self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)[0].t()
-    conv = F.silu(conv) if self.activation in ("silu", "swish") else getattr(F, self.activation)(conv)
+    seq = torch.cat([st.conv.to(mixed.dtype), mixed[:n]], 0)  # committed features, then the clean rows
+    parts = [_conv(self, seq)]
+    a = n
+    for m, seen in canvases:  # each canvas's taps before it read the clean rows it sees
+        parts.append(_conv(self, torch.cat([seq[seen : seen + K - 1], mixed[a : a + m]], 0)))
+        a += m
+    conv = torch.cat(parts)
     q, k, v = torch.split(conv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
     q, k = prepare_qk(q.reshape(Q, -1, self.head_k_dim), k.reshape(Q, -1, self.head_k_dim), self.num_v_heads)
     v = v.reshape(Q, -1, self.head_v_dim).float()
     beta = self.in_proj_b(x).sigmoid().float()
     g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
 
-    n, keep = plan.n_clean, plan.keep
     if plan.clean_block_end and (plan.rollback or keep != n):
         raise ValueError(
             "a block-causal commit keeps its whole block and is never rolled back (self-spec needs clean_causal: true)"
@@ -135,8 +151,15 @@ def _decode_rows(self, x, plan: DecodePlan):
         rest_out, S = _absorb(S_keep, *(x[keep:n] for x in rows))
         clean = torch.cat([kept_out, rest_out])
         plan.states[self.layer_idx] = LayerState(seq[keep : keep + K - 1], S_keep)
-    canvas, _ = _absorb(S, *(x[n:] for x in (q, k, v, g, beta)), end_readout=plan.end_readout)
-    core = torch.cat([clean, canvas]).to(x.dtype)
+    outs, a = [clean], n
+    for m, seen in canvases:  # each canvas starts from the state after the clean rows it sees
+        if seen != n and not plan.rollback:
+            raise ValueError("a canvas before the last clean row needs the per-row states of a rollback forward")
+        start = S if seen == n else plan.steps[self.layer_idx][seen].rec
+        out, _ = _absorb(start, *(x[a : a + m] for x in (q, k, v, g, beta)), end_readout=plan.end_readout)
+        outs.append(out)
+        a += m
+    core = torch.cat(outs).to(x.dtype)
     z = self.in_proj_z(x).reshape(-1, self.head_v_dim)
     core = self.norm(core.reshape(-1, self.head_v_dim), z).reshape(Q, -1)
     return self.out_proj(core)

@@ -55,6 +55,15 @@ class Rows:
         """The clean rows are a committed block of a block-causal clean stream."""
         return COMMIT_BLOCK in self.blk[: self.n_clean]
 
+    def canvases(self) -> list[tuple[int, int]]:
+        """The canvases after the clean rows, in order: (rows, clean rows of these rows it sees)."""
+        n, out = self.n_clean, []
+        for i in range(n, len(self.stream)):
+            if i == n or self.stream[i] != self.stream[i - 1]:
+                out.append([0, sum(1 for p in self.pos[:n] if p < self.bstart[i])])
+            out[-1][0] += 1
+        return [tuple(c) for c in out]
+
     def canvas(self, tokens: list[int], start: int, view: int = CANVAS_STREAM) -> Rows:
         """A noised block: sees the clean context before `start` and its whole canvas. Canvases of one
         forward in different views (>= 1) never see each other, as the training row's noised views."""

@@ -81,6 +81,7 @@ class ModelRunner:
                     op.rollback,
                     rows=len(rows.tokens),
                     clean_block_end=rows.block_causal_commit,
+                    canvases=rows.canvases(),
                 )
                 cache.plan, cache.plan_base = plan, c
                 plans.append(plan)

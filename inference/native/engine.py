@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bdcore.decode.config import DecodeConfig, DecodeSettingsError
+from bdcore.decode.config import DecodeConfig
 from bdcore.decode.modes import Decoder, make_decoder
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
@@ -93,11 +93,6 @@ class Engine:
         self.loaded.check_mode(decode.mode)
         sc = self.loaded.sidecar
         resolved = decode.resolve(sc.bd_size if sc else None)
-        if resolved.mode == "self-spec" and resolved.canvases == "all" and self.runner.hybrid:
-            raise DecodeSettingsError(
-                "self_spec_canvases 'all' is not implemented for hybrid (gated-delta) models yet: each canvas "
-                "would need the recurrent state after its own clean row; use 'last'"
-            )
         gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
         out = TextOutput(self.loaded.tokenizer, params, self.loaded.stop_ids, DecodeStats(), on_text, cancel)
         block_causal = sc is not None and not sc.clean_causal

@@ -13,7 +13,6 @@ from starlette.concurrency import run_in_threadpool
 
 from bdcore.decode.config import SELF_SPEC_CANVASES
 from bdcore.decode.sampling import SamplingParams
-from bdcore.gated_delta import is_hybrid
 from inference.native.engine import DecodeConfig
 from inference.native.loading import CheckpointError, LoadedModel
 from inference.server.protocol import (
@@ -107,11 +106,5 @@ def request_decode(loaded: LoadedModel, default: DecodeConfig, body: dict) -> De
     if canvases not in SELF_SPEC_CANVASES:
         raise APIError(
             400, f"'self_spec_canvases' must be one of {list(SELF_SPEC_CANVASES)}", param="self_spec_canvases"
-        )
-    if canvases == "all" and mode == "self-spec" and is_hybrid(loaded.model.config):
-        raise APIError(
-            400,
-            "self_spec_canvases 'all' is not available for hybrid (gated-delta) models yet",
-            param="self_spec_canvases",
         )
     return replace(default, mode=mode, self_spec_canvases=canvases)
