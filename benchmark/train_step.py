@@ -6,7 +6,8 @@ Both steps run forward + backward + AdamW on the same packed rows of the same ti
 the AR step sees the clean stream only (L tokens per sample), the block-diffusion step the
 two-stream row (L + V * n tokens). Prints the median step time of each, their ratio next to the
 token ratio, and each mode's peak memory (CUDA: max allocated; CPU: peak RSS growth of a fresh
-process running only that mode).
+process running only that mode). `--bf16` adds the block-diffusion step with bf16 compute (autocast;
+fp32 weights and optimizer, as `train.py --dtype bf16`) and prints its speed-up over fp32.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def _run_mode(args, mode: str) -> dict:
     from train.rows import SpecialIds, build_batch
 
     model, rows = _build(args)
+    bf16 = mode == "bd_bf16"
     if mode == "ar":
         cfg = BlockDiffusionConfig(bd_size=args.bd_size, views=0, ar_loss_weight=1.0)
     else:
@@ -79,7 +81,9 @@ def _run_mode(args, mode: str) -> dict:
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        lm(batch).loss.backward()
+        with torch.autocast(device_type="cuda" if cuda else "cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = lm(batch).loss
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if cuda:
@@ -102,7 +106,7 @@ def measure(args) -> list[dict]:
     """Each mode in its own fresh process, so peak-memory figures do not bleed into each other."""
     ctx = mp.get_context("spawn")
     results = []
-    for mode in ("ar", "bd"):
+    for mode in ("ar", "bd", "bd_bf16") if args.bf16 else ("ar", "bd"):
         queue = ctx.Queue()
         proc = ctx.Process(target=_worker, args=(args, mode, queue))
         proc.start()
@@ -127,9 +131,10 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads per process (0: torch default)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
+    p.add_argument("--bf16", action="store_true", help="also time the block-diffusion step with bf16 compute")
     args = p.parse_args(argv)
 
-    ar, bd = measure(args)
+    ar, bd, *half = measure(args)
     summary = {
         "ar_step_s": ar["median_s"],
         "bd_step_s": bd["median_s"],
@@ -141,6 +146,8 @@ def main(argv=None) -> None:
         "bd_peak_mib": bd["peak_mib"],
         "device": args.device,
     }
+    if half:
+        summary |= {"bd_bf16_step_s": half[0]["median_s"], "bf16_speedup": bd["median_s"] / half[0]["median_s"]}
     if args.json:
         print(json.dumps(summary))
         return
@@ -151,7 +158,11 @@ def main(argv=None) -> None:
     print(f"{'step':<18}{'tokens/batch':>14}{'median s':>12}{'peak MiB':>12}")
     print(f"{'AR SFT':<18}{ar['tokens']:>14}{ar['median_s']:>12.4f}{ar['peak_mib']:>12.1f}")
     print(f"{'block diffusion':<18}{bd['tokens']:>14}{bd['median_s']:>12.4f}{bd['peak_mib']:>12.1f}")
+    if half:
+        print(f"{'  in bf16':<18}{half[0]['tokens']:>14}{half[0]['median_s']:>12.4f}{half[0]['peak_mib']:>12.1f}")
     print(f"time ratio {summary['time_ratio']:.2f}x at token ratio {summary['token_ratio']:.2f}x")
+    if half:
+        print(f"bf16 compute: {summary['bf16_speedup']:.2f}x the fp32 block-diffusion step's speed")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from bdcore.sidecar import read_sidecar
 from tests.conftest import run_train
 from tests.train_args import train_args
+from train.build import cpu_has_bf16
 
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
 
@@ -58,3 +59,32 @@ def test_ar_only_then_block_diffusion_conversion(demo_kit, tmp_path):
     sc = read_sidecar(bd / "final")
     assert sc.base_model == str(ar / "final") and sc.within_block_causal
     sc.check_tokenizer(AutoTokenizer.from_pretrained(bd / "final"))
+
+
+@pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no native bf16 (AVX512-BF16 / AMX)")
+def test_bf16_compute_on_a_cpu_with_native_bf16(demo_kit, tmp_path):
+    """--dtype bf16 on CPU: FSDP computes in bf16, the master weights, optimizer and checkpoint stay fp32, and
+    the losses track the fp32 run's."""
+    losses = {}
+    for dtype in ("fp32", "bf16"):
+        run = tmp_path / dtype
+        run_train(train_args(demo_kit, run, **COMMON, max_steps=3, dtype=dtype))
+        losses[dtype] = [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+        saved = load_file(str(run / "final" / "model.safetensors"))
+        assert all(t.dtype == torch.float32 for t in saved.values())
+    assert losses["bf16"] != losses["fp32"], "bf16 compute really ran"
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=2e-2)
+
+
+def test_bf16_is_refused_on_a_cpu_without_native_bf16(monkeypatch):
+    from train import build
+    from train.cli import parse_args
+    from train.config import FlagError, JobConfig
+    from train.parallel import DistInfo
+
+    monkeypatch.setattr(build, "cpu_has_bf16", lambda: False)
+    config = JobConfig.from_args(
+        parse_args(["--model_id", "m", "--dataset", "d.jsonl", "--save_dir", "o", "--dtype", "bf16"])
+    )
+    with pytest.raises(FlagError, match="no native bf16"):
+        build.check_runtime(config, DistInfo(0, 1, 0, torch.device("cpu")))

@@ -38,8 +38,18 @@ def check_runtime(config: JobConfig, info: DistInfo) -> None:
         raise FlagError("--activation_offload", "needs a CUDA device (activations already live in host memory)")
     if config.efficiency.fused_ce == "on" and not liger_available():
         raise FlagError("--fused_ce on", "needs CUDA and liger-kernel (pip install liger-kernel), or use auto/off")
-    if config.model.dtype == "bf16" and not cuda:
-        raise FlagError("--dtype bf16", "CPU training runs in fp32; use --dtype auto or fp32 on CPU")
+    if config.model.dtype == "bf16" and not cuda and not cpu_has_bf16():
+        raise FlagError(
+            "--dtype bf16", "this CPU has no native bf16 (AVX512-BF16 or AMX), where bf16 is slower; use fp32"
+        )
+
+
+def cpu_has_bf16() -> bool:
+    """Native bf16 matrix units (AVX512-BF16 / AMX), as oneDNN reports them."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def compute_dtype(config: JobConfig, info: DistInfo) -> torch.dtype | None:

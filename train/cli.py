@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         default="auto",
         choices=["auto", "bf16", "fp32"],
-        help="compute dtype; master weights and optimizer stay fp32 (auto: bf16 on CUDA, fp32 on CPU)",
+        help="compute dtype; master weights and optimizer stay fp32 (auto: bf16 on CUDA, fp32 on CPU; bf16 on a "
+        "CPU needs native bf16: AVX512-BF16 or AMX)",
     )
 
     b = p.add_argument_group("block diffusion")
