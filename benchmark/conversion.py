@@ -71,7 +71,8 @@ def _steps_for(args, out: Path, name: str, model: str, data: Path, extra: list[s
 def _cost(run: Path) -> dict:
     """What the arm's last training run cost: trainable parameters, peak memory, median step time, and the
     size of its checkpoint (weights, tokenizer, sidecar and adapter; not the resume state)."""
-    info = json.loads((run / "model_info.json").read_text())
+    info_file = run / "model_info.json"  # absent in runs of a trainer older than it
+    info = json.loads(info_file.read_text()) if info_file.is_file() else {"trainable_params": None}
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     times = sorted(r["step_time_s"] for r in records[1:] or records)
     final = run / "final"
@@ -96,6 +97,26 @@ def _prompts_file(sft_data: Path, out: Path) -> Path:
             if msgs:
                 f.write(json.dumps({"messages": msgs}) + "\n")
     return path
+
+
+PARTS = {"sft_opd": ("warm", "sft_opd")}  # arms trained in several runs; the others in one of their name
+
+
+def trained(args) -> list[dict]:
+    """`--eval-only`: the arms an earlier run of the same command trained in `--out` (train seconds: the
+    sum of their steps' times, without process start-up and saves)."""
+    rows = []
+    for arm in args.arms:
+        steps, wall = [], 0.0
+        for name in PARTS.get(arm, (arm,)):
+            run_dir = Path(args.out) / name
+            if not (run_dir / "final").is_dir():
+                raise SystemExit(f"conversion: --eval-only, but {run_dir}/final does not exist; train the arm first")
+            records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            steps.append(records[-1]["step"])
+            wall += sum(r["step_time_s"] for r in records)
+        rows.append({"arm": arm, "steps": steps, "train_wall_s": wall, **_cost(Path(args.out) / arm)})
+    return rows
 
 
 def run(args) -> list[dict]:
@@ -140,6 +161,10 @@ def run(args) -> list[dict]:
     return rows
 
 
+def _millions(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.2f}M"
+
+
 def table(base: dict, rows: list[dict]) -> str:
     def f(x, fmt):
         return "-" if x is None else format(x, fmt)
@@ -157,7 +182,8 @@ def table(base: dict, rows: list[dict]) -> str:
             f"| {r['arm']} | {'+'.join(map(str, r['steps']))} | {r['train_wall_s']:.0f} | {f(r['ar_loss'], '.3f')} "
             f"| {f(c['quality'], '.1%')} | {s['tokens_per_forward']:.2f} | {s['tok_s'] / c['tok_s']:.2f}x "
             f"| {d['tokens_per_forward']:.2f} | {d['tok_s'] / c['tok_s']:.2f}x | {f(d['quality'], '.1%')} "
-            f"| {d['same_as_causal']:.0%} | {r['trainable_params'] / 1e6:.2f}M | {r['peak_mem_mib']:.0f} "
+            f"| {d['same_as_causal']:.0%} | {_millions(r['trainable_params'])} "
+            f"| {r['peak_mem_mib']:.0f} "
             f"| {r['step_time_s']:.2f} | {r['checkpoint_mb']:.1f} |"
         )
     return "\n".join(lines)
@@ -190,6 +216,7 @@ def main(argv=None) -> int:
     p.add_argument("--threshold", type=float, default=0.9, help="diffusion commit threshold at evaluation")
     p.add_argument("--limit", type=int, default=100, help="held-out prompts evaluated")
     p.add_argument("--out", required=True)
+    p.add_argument("--eval-only", action="store_true", help="evaluate the arms an earlier run trained in --out")
     args = p.parse_args(argv)
     args.arms = [a for a in args.arms.split(",") if a]
     if unknown := set(args.arms) - set(ARMS):
@@ -199,7 +226,7 @@ def main(argv=None) -> int:
 
     from benchmark.conversion_eval import evaluate, load_heldout
 
-    rows = run(args)
+    rows = trained(args) if args.eval_only else run(args)
     heldout = load_heldout(Path(args.heldout), AutoTokenizer.from_pretrained(args.base), args.limit)
     base = evaluate(Path(args.base), heldout, max_tokens=args.max_tokens, threshold=args.threshold)
     for r in rows:

@@ -49,6 +49,13 @@ def test_arms_train_on_one_base_and_are_evaluated_side_by_side(demo_kit, tmp_pat
     assert all(r["peak_mem_mib"] > 0 and r["step_time_s"] > 0 for r in (sft, draft))
     text = capsys.readouterr().out
     assert "| opd |" in text and "python -m benchmark.conversion" in text
+    # --eval-only evaluates what that run trained, without training again
+    assert conversion.main([*argv, "--arms", "sft", "--eval-only"]) == 0
+    again = json.loads((out / "conversion.json").read_text())["arms"]
+    assert [r["arm"] for r in again] == ["sft"] and again[0]["steps"] == sft["steps"]
+    assert again[0]["self-spec"]["tokens_per_forward"] == sft["self-spec"]["tokens_per_forward"]
+    with pytest.raises(SystemExit, match="does not exist"):
+        conversion.main([*argv, "--arms", "sft_self", "--eval-only"])
 
 
 def test_self_distilled_arms_need_answers_the_base_finished(demo_kit, tmp_path):
