@@ -64,6 +64,10 @@ def write_model(out: Path, *, hidden: int, layers: int, seed: int, arch: str = "
     )
     if arch == "qwen3":
         cfg = Qwen3Config(**common)
+    elif arch == "qwen3_moe":  # every layer a mixture of 4 experts, 2 per token
+        from transformers import Qwen3MoeConfig
+
+        cfg = Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden)
     else:  # hybrid: gated-delta layers with full attention every 4th layer (the Qwen3.5 pattern)
         heads = max(1, hidden // 32)
         cfg = Qwen3_5TextConfig(
@@ -91,8 +95,8 @@ def main(argv=None) -> None:
     p.add_argument(
         "--arch",
         default="qwen3",
-        choices=["qwen3", "qwen3_5"],
-        help="dense Qwen3, or hybrid Qwen3.5 (gated-delta + full attention)",
+        choices=["qwen3", "qwen3_5", "qwen3_moe"],
+        help="dense Qwen3, hybrid Qwen3.5 (gated-delta + full attention), or mixture-of-experts Qwen3-MoE",
     )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

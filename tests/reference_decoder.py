@@ -218,6 +218,65 @@ def diffusion(
         canvas, masked, steps = start_block(clean_logits, canvas_logits)
 
 
+def _denoise_unshifted(rows_logits, canvas, masked, *, threshold, last_step, left_to_right):
+    """Row j predicts slot j. Left to right: the first masked slot alone; else as `_denoise`."""
+    probs = rows_logits.softmax(-1)
+    tokens = _argmax(rows_logits)
+    slots = [s for s in range(len(canvas)) if masked[s]]
+    if left_to_right:
+        chosen = slots[:1]
+    elif last_step:
+        chosen = slots
+    else:
+        chosen = [s for s in slots if float(probs[s, tokens[s]]) > threshold]
+        if not chosen and slots:
+            chosen = [max(slots, key=lambda s: float(probs[s, tokens[s]]))]
+    for s in chosen:
+        canvas[s], masked[s] = tokens[s], False
+
+
+def unshifted_diffusion(
+    ref: ReferenceModel,
+    prompt: list[int],
+    *,
+    block: int,
+    budget: int,
+    threshold: float,
+    fuse_commit: bool,
+    left_to_right: bool,
+    max_tokens: int,
+    stop_ids,
+    mask_id: int,
+) -> Result:
+    """An unshifted (single-stream) checkpoint: a block is B masks, each row predicting its own slot; the
+    forward that commits the previous block (or the prompt's prefill) carries the canvas's first denoise
+    step when fused, else spends a forward of its own. Causal mode: `left_to_right`, one slot a step."""
+    r = Result()
+    answer = _Answer(r, max_tokens, stop_ids)
+    B, P = block, len(prompt)
+    committed: list[int] = []
+    while True:
+        blocks = [(P + i, P + i + B) for i in range(0, len(committed), B)]
+        canvas, masked, steps = [mask_id] * B, [True] * B, 0
+        r.forwards += 1  # the prefill, or the forward that commits the block before
+        if fuse_commit:
+            steps = 1
+            rows = ref(prompt + committed, blocks, canvas)[1]
+            _denoise_unshifted(
+                rows, canvas, masked, threshold=threshold, last_step=budget <= 1, left_to_right=left_to_right
+            )
+        while not _decided(canvas, masked, stop_ids):
+            rows = ref(prompt + committed, blocks, canvas)[1]
+            r.forwards += 1
+            steps += 1
+            _denoise_unshifted(
+                rows, canvas, masked, threshold=threshold, last_step=steps >= budget, left_to_right=left_to_right
+            )
+        if answer.add(canvas):
+            return r
+        committed += canvas
+
+
 def self_spec(
     ref: ReferenceModel, prompt: list[int], *, draft_len: int, max_tokens: int, stop_ids, mask_id, canvases="last"
 ) -> Result:

@@ -28,6 +28,7 @@ def _model(arch, tied):
         ("qwen3", False, 3, 12),
         ("llama", True, 1, 12),
         ("llama", True, 3, 12),
+        ("qwen3_moe", True, 3, 12),  # mixture of experts: per-token routing
         # long prompts: the gated-delta layers cut prompt text into several chunks
         ("qwen3_5", True, 1, 70),
         ("qwen3_5", True, 3, 70),

@@ -104,6 +104,8 @@ def single_stream_reference(model, sample, start, block_ids, bd_size, clean_caus
         ("qwen3", True, False, 1, 3),  # packing: documents never see each other
         ("qwen3", True, False, 3, 1),  # multi-turn: blocks restart at each assistant turn
         ("llama", False, True, 2, 2),
+        ("qwen3_moe", True, False, 2, 2),
+        ("qwen3_moe", False, False, 1, 2),
         ("qwen3_5", True, False, 1, 1),
         ("qwen3_5", True, True, 2, 2),
         ("qwen3_5", False, False, 2, 1),

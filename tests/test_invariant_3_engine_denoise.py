@@ -20,7 +20,7 @@ IDS = SpecialIds(mask_id=MASK_ID, filler_id=FILLER_ID)
 # Every combination the trainer can produce: {dense, hybrid} x clean_causal x within_block_causal.
 @pytest.mark.parametrize("wbc", [False, True])
 @pytest.mark.parametrize("clean_causal", [True, False])
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen3_5"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen3_5", "qwen3_moe"])
 def test_engine_canvas_logits_equal_training_logits(arch, clean_causal, wbc):
     # Hybrids: the engine and the trainer both use the chunked gated-delta form, but cut it into
     # different chunks, so fp32 rounding differs by ~1e-5 of the logit scale (exactness of the chunked

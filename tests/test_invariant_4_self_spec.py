@@ -17,7 +17,7 @@ from tests.one_sequence import OneSequence
 from tests.tiny import tiny_checkpoint
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama", "qwen3_5"])
+@pytest.fixture(scope="module", params=["qwen3", "llama", "qwen3_5", "qwen3_moe"])
 def loaded(request, tmp_path_factory):
     return load_checkpoint(tiny_checkpoint(tmp_path_factory.mktemp(request.param), arch=request.param, bd_size=4))
 

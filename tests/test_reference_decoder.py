@@ -27,6 +27,8 @@ MAX_TOKENS = (24, 7, 24, 13, 24, 5)
 # likely at many rows of both streams and self-spec sees full acceptances as well as rejections.
 CHECKPOINTS = [
     ("qwen3", True, False, 1.0, 0.0),
+    ("qwen3", "unshifted", False, 3.0, 0.0),  # single-stream: shift false, block-causal
+    ("qwen3_moe", True, False, 4.0, 0.7),  # mixture of experts
     ("qwen3", False, False, 1.0, 0.0),
     ("llama", True, True, 1.5, 2.0),
     ("qwen3_5", True, False, 1.5, 3.0),
@@ -42,8 +44,15 @@ def checkpoint(request, tmp_path_factory):
     from bdcore.tokens import end_of_turn_id
 
     arch, clean_causal, wbc, eot_boost, common_boost = request.param
+    shift = clean_causal != "unshifted"
+    clean_causal = clean_causal is True
     path = tiny_checkpoint(
-        tmp_path_factory.mktemp(arch), arch=arch, bd_size=4, clean_causal=clean_causal, within_block_causal=wbc
+        tmp_path_factory.mktemp(arch),
+        arch=arch,
+        bd_size=4,
+        clean_causal=clean_causal,
+        within_block_causal=wbc,
+        shift=shift,
     )
     tok = load_checkpoint(path).tokenizer
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -71,6 +80,8 @@ def _decodes(loaded):
         DecodeConfig(mode="diffusion", threshold=0.5, fuse_commit=False),
         DecodeConfig(mode="diffusion", threshold=0.3, block_size=3, steps=1),
     ]
+    if not loaded.sidecar.shift:
+        decodes.append(DecodeConfig(mode="causal", fuse_commit=False))
     if loaded.sidecar.clean_causal:
         decodes += [DecodeConfig(mode="self-spec", draft_len=4), DecodeConfig(mode="self-spec", draft_len=2)]
         decodes += [DecodeConfig(mode="self-spec", draft_len=n, self_spec_canvases="all") for n in (4, 3)]
@@ -80,6 +91,19 @@ def _decodes(loaded):
 def _reference(reference, loaded, decode: DecodeConfig, prompt, max_tokens):
     facts = dict(max_tokens=max_tokens, stop_ids=loaded.stop_ids)
     bd = loaded.sidecar.bd_size
+    if not loaded.sidecar.shift:
+        block = decode.block_size or bd
+        return ref.unshifted_diffusion(
+            reference,
+            prompt,
+            block=block,
+            budget=decode.steps or block,
+            threshold=decode.threshold,
+            fuse_commit=decode.fuse_commit,
+            left_to_right=decode.mode == "causal",
+            mask_id=loaded.mask_id,
+            **facts,
+        )
     if decode.mode == "causal":
         return ref.causal(reference, prompt, **facts)
     if decode.mode == "diffusion":

@@ -25,13 +25,22 @@ MAX_TOKENS = (24, 7, 24, 13, 24, 3, 24, 24)
 
 @pytest.fixture(
     scope="module",
-    params=[("qwen3", True), ("llama", True), ("qwen3", False), ("qwen3_5", True), ("qwen3_5", False)],
+    params=[
+        ("qwen3", True),
+        ("llama", True),
+        ("qwen3", False),
+        ("qwen3_5", True),
+        ("qwen3_5", False),
+        ("qwen3", "unshifted"),  # single-stream: unshifted canvases, causal mode block by block
+        ("qwen3_moe", True),  # mixture of experts
+    ],
     ids=str,
 )
 def loaded(request, tmp_path_factory):
     arch, clean_causal = request.param
     path = tmp_path_factory.mktemp(arch)
-    return load_checkpoint(tiny_checkpoint(path, arch=arch, bd_size=4, clean_causal=clean_causal))
+    shift = clean_causal != "unshifted"
+    return load_checkpoint(tiny_checkpoint(path, arch=arch, bd_size=4, clean_causal=clean_causal is True, shift=shift))
 
 
 def _concurrently(fn, n):

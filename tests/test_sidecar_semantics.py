@@ -46,14 +46,17 @@ def test_flags_must_be_booleans(ckpt, tmp_path, field):
         read_sidecar(_with_sidecar(ckpt, tmp_path, **{field: "false"}))
 
 
-def test_unshifted_checkpoint_is_refused_by_the_engine(ckpt, tmp_path):
+def test_unshifted_checkpoint_with_a_causal_clean_stream_is_refused_by_the_engine(ckpt, tmp_path):
+    """Unshifted (single-stream) checkpoints see their blocks both ways: shift false + clean_causal true
+    matches no training run, so the engine refuses it rather than guess (a real one serves: see
+    tests/test_single_stream.py)."""
     changed = _with_sidecar(ckpt, tmp_path, shift=False)
     assert read_sidecar(changed).shift is False  # the field is read as written
-    with pytest.raises(CheckpointError, match="shift: false"):
+    with pytest.raises(CheckpointError, match="shift: false with clean_causal: true"):
         load_checkpoint(changed)
 
 
-def test_serve_cli_refuses_an_unshifted_checkpoint_in_one_line(ckpt, tmp_path):
+def test_serve_cli_refuses_an_impossible_unshifted_checkpoint_in_one_line(ckpt, tmp_path):
     from inference import serve
 
     changed = _with_sidecar(ckpt, tmp_path, shift=False)

@@ -34,6 +34,12 @@ def tiny_config(arch: str = "qwen3", *, tied: bool = True, vocab: int = VOCAB):
         return Qwen3Config(**common)
     if arch == "llama":
         return LlamaConfig(**common)
+    if arch == "qwen3_moe":  # every layer sparse: 4 experts, 2 per token
+        from transformers import Qwen3MoeConfig
+
+        return Qwen3MoeConfig(
+            **common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1
+        )
     raise ValueError(arch)
 
 
@@ -101,8 +107,10 @@ def tiny_checkpoint(
     seed: int = 0,
     clean_causal: bool = True,
     within_block_causal: bool = False,
+    shift: bool = True,
 ):
-    """A servable block-diffusion checkpoint: tiny random model, char tokenizer, <|mask|>, sidecar."""
+    """A servable block-diffusion checkpoint: tiny random model, char tokenizer, <|mask|>, sidecar.
+    `shift=False`: an unshifted (single-stream) one, whose clean stream is block-causal."""
     from bdcore.sidecar import Sidecar, write_sidecar
     from data.toy_tokenizer import build_char_tokenizer
     from train.special_tokens import add_mask_token
@@ -122,8 +130,10 @@ def tiny_checkpoint(
             bd_size=bd_size,
             mask_id=mask_id,
             ar_loss_weight=0.2 if clean_causal else 0.0,
+            shift=shift,
             clean_causal=clean_causal,
             within_block_causal=within_block_causal,
+            views=2 if shift else 1,
             base_model="tiny",
         ),
     )

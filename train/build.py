@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from bdcore.draft_adapter import add_lora
+from bdcore.gated_delta import is_hybrid
 from train.config import FlagError, JobConfig, first_line
 from train.data import DataError, DataStats, load_samples
 from train.loss import liger_available
-from train.model import TwoStreamLM, attention_backend, check_supported_model
+from train.model import TwoStreamLM, attention_backend, check_supported_model, is_moe
 from train.packing import pack_first_fit
 from train.parallel import DistInfo, deepcopy_config, fsdp_shard, materialize_sharded, non_persistent_buffers
-from train.rows import Sample, SpecialIds, two_stream_length
+from train.rows import Sample, SpecialIds
+from train.single_stream import sample_length
 from train.special_tokens import (
     add_mask_to_tokenizer,
     end_of_turn_id,
@@ -122,6 +124,7 @@ def build_rows(config: JobConfig, info: DistInfo, tokens: TokenizerParts, run_di
             max_response_length=data.max_response_length,
             bd_size=d.bd_size,
             views=d.views,
+            single_stream=d.single_stream,
             progress=info.is_main,
         )
     except DataError as e:
@@ -130,7 +133,7 @@ def build_rows(config: JobConfig, info: DistInfo, tokens: TokenizerParts, run_di
         raise
     order = list(range(len(samples)))
     random.Random(config.training.seed).shuffle(order)
-    lengths = [two_stream_length(samples[i], d.bd_size, d.views) for i in order]
+    lengths = [sample_length(samples[i], d) for i in order]
     if data.pack:
         groups = pack_first_fit(lengths, data.max_length)
     else:
@@ -154,7 +157,18 @@ def build_model(config: JobConfig, info: DistInfo, tokens: TokenizerParts) -> tu
     if getattr(hf_config, "text_config", None) is not None and getattr(hf_config, "vocab_size", None) is None:
         # A vision-language checkpoint (e.g. Qwen3_5ForConditionalGeneration): train its text model alone.
         hf_config = hf_config.get_text_config()
+    if config.diffusion.single_stream and is_hybrid(hf_config):
+        raise FlagError(
+            "--objective",
+            f"single_stream needs every layer to see its whole block both ways; {model_id} has gated-delta "
+            "(recurrent) layers, which have no such form yet: use --objective two_stream",
+        )
     attn = attention_backend(hf_config, cuda=info.device.type == "cuda")
+    router_aux = config.model.router_aux_loss_coef
+    if router_aux is None:
+        router_aux = float(getattr(hf_config, "router_aux_loss_coef", 0.0) or 0.0) if is_moe(hf_config) else 0.0
+    elif router_aux > 0 and not is_moe(hf_config):
+        raise FlagError("--router_aux_loss_coef", f"{model_id} is not a mixture-of-experts model; leave it out")
     save_dtype = getattr(hf_config, "dtype", None) or torch.float32
     if isinstance(save_dtype, str):
         save_dtype = getattr(torch, save_dtype)
@@ -185,7 +199,7 @@ def build_model(config: JobConfig, info: DistInfo, tokens: TokenizerParts) -> tu
         if efficiency.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         fused = liger_available() if efficiency.fused_ce == "auto" else efficiency.fused_ce == "on"
-        return TwoStreamLM(model, config.diffusion, fused_ce=fused)
+        return TwoStreamLM(model, config.diffusion, fused_ce=fused, router_aux_coef=router_aux)
 
     def shard(lm):
         layers = lm.model.get_decoder().layers

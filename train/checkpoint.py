@@ -280,6 +280,7 @@ def sidecar_for(config: JobConfig, mask_id: int, global_step: int) -> Sidecar | 
         mask_id=mask_id,
         mask_token=MASK_TOKEN,
         ar_loss_weight=d.ar_loss_weight,
+        shift=not d.single_stream,  # a single-stream slot predicts its own token
         clean_causal=d.clean_causal,
         within_block_causal=d.within_block_causal,
         views=d.views,

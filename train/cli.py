@@ -34,7 +34,24 @@ def build_parser() -> argparse.ArgumentParser:
         "CPU needs native bf16: AVX512-BF16 or AMX)",
     )
 
+    m.add_argument(
+        "--router_aux_loss_coef",
+        type=float,
+        default=None,
+        help="mixture-of-experts models: weight of the router's load-balancing loss, added to the training loss "
+        "(default: the model config's router_aux_loss_coef, e.g. 0.001 for Qwen3-MoE; 0 turns it off)",
+    )
+
     b = p.add_argument_group("block diffusion")
+    b.add_argument(
+        "--objective",
+        default="two_stream",
+        choices=["two_stream", "single_stream"],
+        help="two_stream (default): clean stream + noised views, shifted targets, an AR head for causal and "
+        "self-spec decoding; single_stream: masked diffusion in one stream, unshifted targets (a masked slot "
+        "predicts its own token), loss at masked slots only, no AR head (diffusion and block-by-block causal "
+        "decoding, no self-spec)",
+    )
     b.add_argument("--bd_size", type=int, default=32, help="tokens per diffusion block (default 32)")
     b.add_argument(
         "--ar_loss_weight",
@@ -53,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["uniform", "inverse_rate"],
         help="diffusion CE weighting (default uniform)",
     )
-    b.add_argument("--views", type=int, default=2, help="noised views per row (default 2: complementary masks)")
+    b.add_argument(
+        "--views", type=int, default=None, help="noised views per row (default 2: complementary masks; two_stream only)"
+    )
 
     lo = p.add_argument_group(
         "LoRA",
@@ -182,9 +201,14 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
 
     if args.bd_size < 2:
         bad("--bd_size", f"{args.bd_size} is too small; a block needs a seed and at least one token (use >= 2)")
+    _check_single_stream(args, bad)
     _check_lora(args, bad)
+    if args.views is None:
+        args.views = 2
     if args.ar_loss_weight < 0:
         bad("--ar_loss_weight", "must be >= 0")
+    if args.router_aux_loss_coef is not None and args.router_aux_loss_coef < 0:
+        bad("--router_aux_loss_coef", "must be >= 0 (0 turns it off)")
     if args.views < 1 and not args.ar_only:
         bad("--views", "use >= 1 (2 is the default), or --ar_only for plain AR SFT")
     if args.ar_only and args.within_block_causal:
@@ -225,6 +249,24 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     if args.ar_only:
         args.views, args.ar_loss_weight = 0, 1.0
     return args
+
+
+def _check_single_stream(args, bad) -> None:
+    """The single-stream objective has one stream and no AR head: what needs either is refused by name."""
+    if args.objective != "single_stream":
+        return
+    needs = {
+        "--ar_only": (args.ar_only, "is plain AR SFT; drop one of them"),
+        "--ar_loss_weight": (args.ar_loss_weight not in (None, 0), "needs a token-causal clean stream; leave it out"),
+        "--views": (args.views not in (None, 1), "counts two-stream noised views; leave it out"),
+        "--within_block_causal": (args.within_block_causal, "blocks are bidirectional in it; leave it out"),
+        "--draft_adapter": (args.draft_adapter, "needs a clean stream to keep as the base model; leave it out"),
+        "--opd_on_policy": (args.opd_on_policy, "distils shifted two-stream students only so far; leave it out"),
+    }
+    for flag, (given, fix) in needs.items():
+        if given:
+            bad(flag, f"does not apply to --objective single_stream: it {fix}")
+    args.views, args.ar_loss_weight = 1, 0.0
 
 
 def _check_lora(args, bad) -> None:

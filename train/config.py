@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 LOSS_WEIGHTINGS = ("uniform", "inverse_rate")
+# two_stream: clean stream + noised views, shifted targets, an AR head (docs/design.md section 2);
+# single_stream: one stream masked in place, unshifted targets, no AR head (train/single_stream.py).
+OBJECTIVES = ("two_stream", "single_stream")
 
 
 class FlagError(ValueError):
@@ -30,6 +33,7 @@ class BlockDiffusionConfig:
     `clean_causal=None` resolves to `ar_loss_weight > 0`: the clean stream keeps the AR model's
     causal attention exactly when something (the AR loss) trains it as an AR model.
     `views=0` is plain AR SFT (the `--ar_only` baseline): clean stream only, AR loss only.
+    `objective="single_stream"` masks the one stream in place (`views` is 1, no AR loss, block-causal).
     """
 
     bd_size: int = 32
@@ -39,8 +43,16 @@ class BlockDiffusionConfig:
     within_block_causal: bool = False
     loss_weighting: str = "uniform"
     min_rate: float = 1e-3
+    objective: str = "two_stream"
 
     def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective={self.objective!r}: choose one of {OBJECTIVES}")
+        if self.single_stream and (self.views != 1 or self.ar_loss_weight or self.within_block_causal):
+            raise ValueError(
+                "objective=single_stream has one stream (views=1), no AR loss (ar_loss_weight=0) and bidirectional "
+                "blocks (within_block_causal=False)"
+            )
         if self.bd_size < 2:
             raise ValueError(
                 f"bd_size={self.bd_size}: a block needs a seed and at least one token to denoise; use >= 2"
@@ -66,6 +78,10 @@ class BlockDiffusionConfig:
     def ar_only(self) -> bool:
         return self.views == 0
 
+    @property
+    def single_stream(self) -> bool:
+        return self.objective == "single_stream"
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -73,6 +89,7 @@ class BlockDiffusionConfig:
 # What a resumed run must share with the run that wrote the checkpoint: these shape the rows, the
 # noise and the data order, so a change would silently train on a different stream.
 RESUME_MUST_MATCH = (
+    "objective",
     "bd_size",
     "views",
     "ar_only",
@@ -101,6 +118,7 @@ class ModelSection:
     model_id: str
     trust_remote_code: bool = False
     dtype: str = "auto"  # compute dtype: auto (bf16 on CUDA, fp32 on CPU), bf16 or fp32
+    router_aux_loss_coef: float | None = None  # mixture of experts (None: the model config's coefficient)
 
 
 @dataclass(frozen=True)
@@ -187,7 +205,15 @@ class OPDSection:
 
 
 # The CLI flags `diffusion` holds; the rest of BlockDiffusionConfig (clean_causal, min_rate) is derived or fixed.
-DIFFUSION_FLAGS = ("bd_size", "ar_loss_weight", "ar_only", "within_block_causal", "loss_weighting", "views")
+DIFFUSION_FLAGS = (
+    "objective",
+    "bd_size",
+    "ar_loss_weight",
+    "ar_only",
+    "within_block_causal",
+    "loss_weighting",
+    "views",
+)
 
 
 @dataclass(frozen=True)
@@ -222,6 +248,7 @@ class JobConfig:
                 ar_loss_weight=flags["ar_loss_weight"],
                 within_block_causal=flags["within_block_causal"],
                 loss_weighting=flags["loss_weighting"],
+                objective=flags["objective"],
                 # a draft adapter's clean stream is the base model, which is causal
                 clean_causal=True if flags.get("draft_adapter") else None,
             ),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from train.config import FlagError, first_line
 from train.rows import Sample, two_stream_length
+from train.single_stream import single_stream_length
 
 ROLE_ALIASES = {
     "human": "user",
@@ -238,11 +239,13 @@ def load_samples(
     max_response_length: int | None,
     bd_size: int,
     views: int,
+    single_stream: bool = False,
     progress: bool = False,
     chat_template_kwargs: dict | None = None,
 ) -> tuple[list[Sample], DataStats]:
     """Tokenize every record; skip (and count) what cannot be trained on. `max_length` bounds the
-    two-stream row (L + views * padded response tokens)."""
+    two-stream row (L + views * padded response tokens), or with `single_stream` the single-stream one
+    (L + the fillers that close each response's last block)."""
     conv = ConversationTokenizer(tokenizer, eot_id, multiturn=multiturn, chat_template_kwargs=chat_template_kwargs)
     stats = DataStats()
     samples: list[Sample] = []
@@ -268,7 +271,11 @@ def load_samples(
             sample = conv(messages, tools, stats)
             if max_response_length and max(e - s for s, e in sample.spans) > max_response_length:
                 raise SkipSample("response_too_long")
-            if two_stream_length(sample, bd_size, views) > max_length:
+            if single_stream:
+                length = single_stream_length(sample, bd_size)
+            else:
+                length = two_stream_length(sample, bd_size, views)
+            if length > max_length:
                 raise SkipSample("too_long")
         except SkipSample as s:
             stats.skipped[s.reason] += 1

@@ -58,6 +58,7 @@ class LossParts:
     ar: torch.Tensor  # mean AR CE (detached)
     num_diff_tokens: int
     num_ar_tokens: int
+    aux: torch.Tensor | None = None  # mixture of experts: the router's load-balancing loss (detached), in `loss`
 
 
 def diffusion_weights(rate: torch.Tensor, cfg: BlockDiffusionConfig) -> torch.Tensor:

@@ -55,6 +55,22 @@ def attention_backend(config, *, cuda: bool) -> str:
     return "flex_attention" if getattr(cls, "_supports_flex_attn", False) else "sdpa"
 
 
+def is_moe(config) -> bool:
+    """A mixture-of-experts decoder with a top-k router (Qwen3-MoE, Qwen2-MoE, Mixtral, ...)."""
+    return (getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0) > 1
+
+
+def router_aux_loss(router_logits, config, *, real: torch.Tensor) -> torch.Tensor:
+    """The Switch-Transformer load-balancing loss of every layer's router logits over the row's real tokens
+    (clean and noised alike: every one is routed), as transformers computes it for these models."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    experts = getattr(config, "num_experts", None) or config.num_local_experts
+    return load_balancing_loss_func(
+        tuple(router_logits), experts, config.num_experts_per_tok, attention_mask=real.reshape(-1)
+    )
+
+
 class TwoStreamLM(nn.Module):
     """`cpu_block_sparse` (default: on when there is no CUDA, the model uses SDPA and the rows have
     noised views) switches the model to the block-sparse SDPA of `train/sparse_attention.py`, which
@@ -68,6 +84,7 @@ class TwoStreamLM(nn.Module):
         fused_ce: bool | None = None,
         ce_chunk_rows: int = 2048,
         cpu_block_sparse: bool | None = None,
+        router_aux_coef: float = 0.0,
     ):
         super().__init__()
         check_supported_model(model)
@@ -77,12 +94,21 @@ class TwoStreamLM(nn.Module):
         if cpu_block_sparse:
             model.config._attn_implementation = register_sparse_sdpa()
         self.hybrid = is_hybrid(model.config)
+        if self.hybrid and cfg.single_stream:
+            raise NotImplementedError(
+                "--objective single_stream needs every layer to see its whole block both ways; gated-delta "
+                "(linear attention) layers are recurrent and have no such form yet: use --objective two_stream"
+            )
         if self.hybrid:  # gated-delta layers get the two-stream forward; the model is changed in place
             patch_gated_delta_layers(model)
         self.model = model
         self.cfg = cfg
         self.fused_ce = liger_available() if fused_ce is None else fused_ce
         self.ce_chunk_rows = ce_chunk_rows
+        if router_aux_coef > 0 and not is_moe(model.config):
+            raise ValueError(f"router_aux_coef={router_aux_coef}: {type(model).__name__} has no expert router")
+        self.router_aux_coef = router_aux_coef
+        self._router_logits = None
 
     def attention_mask(self, batch: TwoStreamBatch):
         rule = {"clean_causal": self.cfg.clean_causal, "within_block_causal": self.cfg.within_block_causal}
@@ -106,13 +132,16 @@ class TwoStreamLM(nn.Module):
         if self.hybrid:
             mask = {"full_attention": mask, "linear_attention": self.gated_delta_layout(batch)}
         stream = batch.meta.stream
+        router = {"output_router_logits": True} if self.router_aux_coef > 0 else {}
         with draft_rows(self.model, (stream != CLEAN_STREAM) & (stream != PAD_STREAM)):  # the noised views draft
             out = self.model.get_decoder()(
                 input_ids=batch.input_ids,
                 attention_mask=mask,
                 position_ids=batch.position_ids,
                 use_cache=False,
+                **router,
             )
+        self._router_logits = out.router_logits if router else None
         return out.last_hidden_state
 
     def logits(self, batch: TwoStreamBatch) -> torch.Tensor:
@@ -120,13 +149,22 @@ class TwoStreamLM(nn.Module):
         return self.model.get_output_embeddings()(self.hidden_states(batch))
 
     def forward(
-        self, batch: TwoStreamBatch, *, diff_norm=None, ar_norm=None, rows: torch.Tensor | None = None
+        self,
+        batch: TwoStreamBatch,
+        *,
+        diff_norm=None,
+        ar_norm=None,
+        rows: torch.Tensor | None = None,
+        aux_weight: float = 1.0,
     ) -> LossParts | torch.Tensor:
         """The block-diffusion loss of the batch (`LossParts`), or with `rows` (flat indices) the logits
         [len(rows), V] there, for objectives that score chosen rows (on-policy distillation, RL). Both go
-        through forward so that FSDP gathers the embeddings, final norm and head around them."""
+        through forward so that FSDP gathers the embeddings, final norm and head around them. A mixture of
+        experts adds `router_aux_coef * aux_weight *` its router's load-balancing loss (the trainer passes
+        1 / micro-batches, so the term is a mean over them)."""
         hidden = self.hidden_states(batch).flatten(0, 1)
-        if rows is not None:
+        if rows is not None:  # scored rows (OPD, RL): the router's balance is the SFT loss's business
+            self._router_logits = None
             return self.model.get_output_embeddings()(hidden[rows]).float()
         weight = self.model.get_output_embeddings().weight
         use_ar = self.cfg.ar_loss_weight > 0
@@ -134,4 +172,11 @@ class TwoStreamLM(nn.Module):
         labels = torch.cat([batch.diff_labels, batch.ar_labels]) if use_ar else batch.diff_labels
         ce = token_ce(hidden[index], weight, labels, chunk_rows=self.ce_chunk_rows, fused=self.fused_ce)
         n_diff = batch.diff_index.numel()
-        return combine_losses(ce[:n_diff], batch.diff_rate, ce[n_diff:], self.cfg, diff_norm=diff_norm, ar_norm=ar_norm)
+        parts = combine_losses(
+            ce[:n_diff], batch.diff_rate, ce[n_diff:], self.cfg, diff_norm=diff_norm, ar_norm=ar_norm
+        )
+        if self._router_logits is not None:
+            aux = router_aux_loss(self._router_logits, self.model.config, real=batch.meta.stream != PAD_STREAM)
+            parts.loss, parts.aux = parts.loss + self.router_aux_coef * aux_weight * aux, aux.detach()
+            self._router_logits = None
+        return parts

@@ -24,7 +24,7 @@ from train.noise import noise_generator
 from train.optim import build_optimizer, build_scheduler, fast_forward
 from train.packing import RowStream, bucket_length
 from train.parallel import all_reduce_sum, init_distributed
-from train.rows import build_batch
+from train.single_stream import batch_builder
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,7 @@ class Trainer:
                 f"warning: --resume {self.resume.checkpoint}: the lr schedule changes from step {self.step}: "
                 f"{schedule_changes}"
             )
+        self._router_aux: float | None = None  # the last SFT step's mean router load-balancing loss (MoE)
         self.opd = None
         if config.opd.opd_on_policy:
             from train.opd_trainer import OnPolicyDistiller
@@ -129,11 +130,12 @@ class Trainer:
         counts = (0.0, 0.0, 0.0)
         if sft_weight > 0:
             counts = self._sft_backward(sums, sft_weight, sync_last=self.opd is None)
-        extra = {}
+        extra = {"router_aux": self._router_aux} if sft_weight > 0 and self._router_aux is not None else {}
         if self.opd is not None:
             self.model.set_requires_gradient_sync(True)
-            extra = self.opd.step(self.model, self.step, self.info.rank)
+            extra.update(self.opd.step(self.model, self.step, self.info.rank))
             sums[0] += extra["opd_loss"]
+        if extra:
             extra = self._mean_over_ranks(extra)
         clip = self.config.optim.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
@@ -159,14 +161,12 @@ class Trainer:
         (loss, diff, ar) to `sums`; returns the global (tokens, diffusion targets, AR targets)."""
         info, diffusion = self.info, self.config.diffusion
         rows, row_lengths = self.data.rows, self.data.lengths
-        batches = []
+        batches, build = [], batch_builder(diffusion)
         for micro in range(self.config.training.grad_accum):
             ids_now = self.stream.next_micro_batch()
             length = bucket_length(max(row_lengths[i] for i in ids_now), self.config.data.length_buckets)
             gen = noise_generator(self.config.training.seed, info.rank, self.step, micro)
-            batches.append(
-                build_batch([rows[i] for i in ids_now], diffusion, self.tokens.special, gen, row_length=length)
-            )
+            batches.append(build([rows[i] for i in ids_now], diffusion, self.tokens.special, gen, row_length=length))
         # The loss is normalised by the supervised tokens of the whole global batch, so every rank needs the totals.
         local = [
             sum(float(diffusion_weights(b.diff_rate, diffusion).sum()) for b in batches),
@@ -176,12 +176,18 @@ class Trainer:
         ]
         d_norm, a_norm, n_diff, n_tokens = all_reduce_sum(local, info.device)
         world = info.world_size
+        aux = []
         for micro, batch in enumerate(batches):
             self.model.set_requires_gradient_sync(sync_last and micro == len(batches) - 1)
             with self.offload:
-                parts = self.model(batch.to(info.device), diff_norm=d_norm / world, ar_norm=a_norm / world)
+                parts = self.model(
+                    batch.to(info.device), diff_norm=d_norm / world, ar_norm=a_norm / world, aux_weight=1 / len(batches)
+                )
                 (parts.loss * weight if weight != 1.0 else parts.loss).backward()
             sums += torch.stack([parts.loss.detach() * weight, parts.diff, parts.ar]).double()
+            if parts.aux is not None:
+                aux.append(float(parts.aux))
+        self._router_aux = sum(aux) / len(aux) if aux else None  # mixture of experts: mean over micro-batches
         return n_tokens, n_diff, a_norm
 
     def metrics_record(self, result: StepResult) -> dict:

@@ -14,9 +14,10 @@ class DecodeSettingsError(ValueError):
     """Decode settings a checkpoint cannot run; the message names the setting and the limit."""
 
 
-def denoise_budget(block: int, steps: int | None) -> int:
-    """Denoise forwards a diffusion block may take: `steps`, by default one per slot after the seed."""
-    return steps or max(1, block - 1)
+def denoise_budget(block: int, steps: int | None, *, shift: bool = True) -> int:
+    """Denoise forwards a diffusion block may take: `steps`, by default one per slot the canvas predicts
+    (a shifted block's seed comes from the forward before; an unshifted block predicts every slot)."""
+    return steps or max(1, block - 1 if shift else block)
 
 
 def check_draft_len(draft_len: int, bd_size: int) -> None:
@@ -49,10 +50,16 @@ class DecodeConfig:
     fuse_commit: bool = True  # diffusion: fuse each commit (the prefill too) with the next block's first denoise
     self_spec_canvases: str = "last"  # self-spec: a drafting canvas after the last clean row, or after every one
 
-    def resolve(self, bd_size: int | None) -> ResolvedDecode:
-        """Fill the defaults from the trained block size (None: a plain AR checkpoint) and check limits."""
+    def resolve(self, bd_size: int | None, *, shift: bool = True) -> ResolvedDecode:
+        """Fill the defaults from the trained block size (None: a plain AR checkpoint) and check limits.
+        `shift=False`: an unshifted (single-stream) checkpoint, which has no AR head to verify with."""
         if self.mode not in MODES:
             raise DecodeSettingsError(f"unknown mode {self.mode!r}; choose one of {MODES}")
+        if self.mode == "self-spec" and not shift:
+            raise DecodeSettingsError(
+                "self-spec needs a token-causal AR head to verify drafts; an unshifted (single-stream) checkpoint "
+                "has none: use mode diffusion, or causal (block by block, one token per step)"
+            )
         bd = bd_size or 1
         block = self.block_size or bd
         draft = self.draft_len or bd
@@ -68,7 +75,7 @@ class DecodeConfig:
             check_draft_len(draft, bd)
             if block < 2 or draft < 2:
                 raise DecodeSettingsError("block_size and draft_len must be >= 2")
-        budget = denoise_budget(block, self.steps)
+        budget = denoise_budget(block, self.steps, shift=shift)
         return ResolvedDecode(
             self.mode, block, budget, self.threshold, draft, self.fuse_commit, self.self_spec_canvases
         )

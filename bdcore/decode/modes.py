@@ -118,13 +118,17 @@ class DiffusionDecoder(Decoder):
             if self.fuse_commit:  # the canvas rode along with its seed slot still masked
                 self.steps = 1
                 self._denoise(logits[n : n + B - 1], [self.seq.mask_id] * B, last_step=self.budget <= 1)
+        self._next_phase()
+        return None
+
+    def _next_phase(self) -> None:
+        """A decided block goes to the answer and is committed next; an undecided one is denoised again."""
         if block_decided(self.canvas, self.masked, self.seq.stop_ids):
             stop = first_stop(self.canvas, self.seq.stop_ids)
             self.finished = self.seq.out.push(self.canvas[: stop + 1] if stop is not None else self.canvas)
             self.phase = "commit"
         else:
             self.phase = "denoise"
-        return None
 
     def _denoise(self, rows_logits, seen: list[int], *, last_step: bool) -> None:
         """One denoise step on canvas rows `rows_logits` computed from the canvas `seen`."""
@@ -225,7 +229,61 @@ class SelfSpecDecoder(Decoder):
         self.drafts = tokens.tolist()
 
 
+class UnshiftedDiffusionDecoder(DiffusionDecoder):
+    """Diffusion for an unshifted (single-stream) checkpoint: a block is a canvas of B masks whose row j
+    predicts slot j itself, so no forward before it seeds it. The forwards are the shifted decoder's (the
+    prompt's prefill or a block's commit, block-bidirectional as training saw a block, carrying the next
+    canvas when fused; denoise forwards until the block is decided). `left_to_right` commits exactly one
+    slot a forward, the first masked one: the causal mode of a checkpoint without a token-causal AR head."""
+
+    def __init__(
+        self, seq: Sequence, *, block: int, budget: int, threshold: float, fuse_commit: bool, left_to_right: bool
+    ):
+        super().__init__(seq, block=block, budget=budget, threshold=threshold, fuse_commit=fuse_commit)
+        self.left_to_right = left_to_right
+
+    def receive(self, logits):
+        B = self.block
+        if self.phase == "denoise":
+            self.steps += 1
+            self._denoise(logits, None, last_step=self.steps >= self.budget)
+        else:
+            n = self.start if self.phase == "prefill" else B  # clean rows of this forward
+            if self.phase == "commit":
+                self.start += B
+            self.canvas, self.masked, self.steps = [self.seq.mask_id] * B, [True] * B, 0
+            if self.fuse_commit:  # the next block's canvas rode along
+                self.steps = 1
+                self._denoise(logits[n : n + B], None, last_step=self.budget <= 1)
+        self._next_phase()
+        return None
+
+    def _denoise(self, rows_logits, seen, *, last_step: bool) -> None:
+        """Row j predicts slot j (no commit trace: on-policy training refuses unshifted students)."""
+        denoise_step(
+            rows_logits,
+            self.canvas,
+            self.masked,
+            self.seq.params,
+            self.seq.generator,
+            banned=self.seq.mask_id,
+            threshold=self.threshold,
+            last_step=last_step,
+            shift=False,
+            left_to_right=self.left_to_right,
+        )
+
+
 def make_decoder(decode: ResolvedDecode, seq: Sequence) -> Decoder:
+    if not seq.shift:  # `DecodeConfig.resolve(shift=False)` has refused self-spec
+        return UnshiftedDiffusionDecoder(
+            seq,
+            block=decode.block,
+            budget=decode.budget,
+            threshold=decode.threshold,
+            fuse_commit=decode.fuse_commit,
+            left_to_right=decode.mode == "causal",
+        )
     if decode.mode == "causal":
         return CausalDecoder(seq)
     if decode.mode == "diffusion":

@@ -11,12 +11,20 @@ import torch
 from bdcore.decode.sampling import SamplingParams, pick
 
 
-def commit_slots(confidence: torch.Tensor, masked: torch.Tensor, *, threshold: float, last_step: bool) -> torch.Tensor:
+def commit_slots(
+    confidence: torch.Tensor, masked: torch.Tensor, *, threshold: float, last_step: bool, left_to_right: bool = False
+) -> torch.Tensor:
     """Which canvas slots to commit this denoise step.
 
     Every masked slot whose confidence exceeds `threshold`; at least one (the most confident masked
-    slot); every masked slot on the last allowed step. confidence, masked: [S] -> bool [S].
+    slot); every masked slot on the last allowed step. `left_to_right`: exactly the first masked slot
+    (block-by-block causal decoding of an unshifted checkpoint). confidence, masked: [S] -> bool [S].
     """
+    if left_to_right:
+        first = torch.zeros_like(masked)
+        if masked.any():
+            first[int(masked.int().argmax())] = True
+        return first
     if last_step:
         return masked.clone()
     commit = masked & (confidence > threshold)
@@ -36,20 +44,26 @@ def denoise_step(
     banned: int | None,
     threshold: float,
     last_step: bool,
+    shift: bool = True,
+    left_to_right: bool = False,
 ) -> None:
-    """One denoise step of a shifted canvas, in place: row j of `logits_rows` [S-1, V] predicts slot j + 1.
+    """One denoise step of a canvas, in place: row j of `logits_rows` predicts slot j + 1 of a shifted
+    canvas ([S-1, V]; slot 0 is the seed), slot j of an unshifted one ([S, V]).
 
     Masked slots get the row's token (argmax, or a draw when sampling) when `commit_slots` picks them;
     confidence is the token's probability under the sampling distribution (the plain softmax when greedy).
     """
+    first = 1 if shift else 0
     tokens, probs = pick(logits_rows, params, banned, generator)
     conf = probs.gather(-1, tokens[:, None]).squeeze(-1)
     if params.greedy:  # one-hot probs: score by the plain softmax instead
         conf = logits_rows.float().softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
-    commit = commit_slots(conf.cpu(), torch.tensor(masked[1:]), threshold=threshold, last_step=last_step)
+    commit = commit_slots(
+        conf.cpu(), torch.tensor(masked[first:]), threshold=threshold, last_step=last_step, left_to_right=left_to_right
+    )
     for s in commit.nonzero().flatten().tolist():
-        canvas[s + 1] = int(tokens[s])
-        masked[s + 1] = False
+        canvas[s + first] = int(tokens[s])
+        masked[s + first] = False
 
 
 def block_decided(canvas: list[int], masked: list[bool], stop_ids) -> bool:

@@ -112,6 +112,7 @@ class Sequence:
     mask_id: int | None  # banned from every pick
     stop_ids: frozenset[int]
     block_causal: bool = False  # the checkpoint's clean stream is block-causal (clean_causal off)
+    shift: bool = True  # False: an unshifted (single-stream) checkpoint, whose canvas row j predicts slot j
     cache: SequenceCache = field(default_factory=SequenceCache)
 
     @property

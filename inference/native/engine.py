@@ -92,11 +92,14 @@ class Engine:
         decode = decode or self.decode
         self.loaded.check_mode(decode.mode)
         sc = self.loaded.sidecar
-        resolved = decode.resolve(sc.bd_size if sc else None)
+        shift = sc is None or sc.shift
+        resolved = decode.resolve(sc.bd_size if sc else None, shift=shift)
         gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
         out = TextOutput(self.loaded.tokenizer, params, self.loaded.stop_ids, DecodeStats(), on_text, cancel)
         block_causal = sc is not None and not sc.clean_causal
-        seq = Sequence(list(prompt_ids), params, gen, out, self.loaded.mask_id, self.loaded.stop_ids, block_causal)
+        seq = Sequence(
+            list(prompt_ids), params, gen, out, self.loaded.mask_id, self.loaded.stop_ids, block_causal, shift
+        )
         return make_decoder(resolved, seq), out
 
     def generate(

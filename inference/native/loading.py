@@ -11,6 +11,7 @@ import torch
 
 from bdcore.decode.config import MODES
 from bdcore.draft_adapter import load_draft_adapter
+from bdcore.gated_delta import is_hybrid
 from bdcore.sidecar import SIDECAR_NAME, Sidecar, read_sidecar
 from bdcore.tokens import MASK_TOKEN, stop_ids, token_id
 
@@ -41,6 +42,12 @@ class LoadedModel:
                 f"mode {mode!r} needs a block-diffusion checkpoint ({SIDECAR_NAME} with <|mask|>); this one is a "
                 "plain AR model: serve it with --mode causal, or convert it with train.py"
             )
+        if mode == "self-spec" and not self.sidecar.shift:
+            raise CheckpointError(
+                "self-spec needs a token-causal AR head to verify drafts; this checkpoint is unshifted (single-stream "
+                "masked diffusion, shift: false), which has none: serve it with --mode diffusion, or --mode causal "
+                "(block by block, one token per step)"
+            )
         if mode == "self-spec" and not self.sidecar.clean_causal:
             raise CheckpointError(
                 "self-spec needs a causal AR head (clean_causal: true in block_diffusion.json); this checkpoint was "
@@ -48,13 +55,20 @@ class LoadedModel:
             )
 
 
-def check_decodable(sidecar: Sidecar, path) -> None:
+def check_decodable(sidecar: Sidecar, path, model_config=None) -> None:
     """Refuse a checkpoint whose training semantics this engine does not decode."""
-    if not sidecar.shift:
+    if sidecar.shift:
+        return
+    if sidecar.clean_causal:
         raise CheckpointError(
-            f"{path / SIDECAR_NAME} says shift: false (an unshifted checkpoint: a masked slot predicts its own "
-            "token); the native engine decodes shifted checkpoints only (row i predicts token i + 1), so it would "
-            "decode this one wrongly; retrain with train.py (two-stream, shift: true)"
+            f"{path / SIDECAR_NAME} says shift: false with clean_causal: true; an unshifted (single-stream) "
+            "checkpoint sees its blocks both ways (clean_causal: false), so this pair matches no training run: "
+            "fix the sidecar or re-export the checkpoint with train.py"
+        )
+    if model_config is not None and is_hybrid(model_config):
+        raise CheckpointError(
+            f"{path} is an unshifted (single-stream) checkpoint of a gated-delta hybrid; train.py writes none "
+            "and the engine does not decode one"
         )
 
 
@@ -65,7 +79,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -76,7 +90,7 @@ def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str 
     sidecar = read_sidecar(path) if (path / SIDECAR_NAME).is_file() else None
     if sidecar is not None:
         sidecar.check_tokenizer(tok)
-        check_decodable(sidecar, path)
+        check_decodable(sidecar, path, AutoConfig.from_pretrained(path))
     dev = torch.device(device)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, dev), attn_implementation="sdpa")
     if sidecar is not None and sidecar.draft_adapter is not None:
