@@ -2,10 +2,10 @@
 
     python -m benchmark.self_spec_canvases runs/demo/bd/final --heldout runs/demo/kit/eval.jsonl --limit 100
 
-The native engine in process, greedy, one request at a time, the same prompts in every variant (chat
-JSONL with reference answers, or HumanEval-style prompts): tokens per forward, tok/s and its ratio to
-causal, the share of outputs identical to causal's (lossless: must be 100%), cold steps, and how many
-drafts were accepted per verify.
+The native engine in process, greedy, one request at a time after one untimed warm-up request, the same
+prompts in every variant (chat JSONL with reference answers, or HumanEval-style prompts): tokens per
+forward, tok/s and its ratio to causal, the share of outputs identical to causal's (lossless: must be
+100%), cold steps, and how many drafts were accepted per verify.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def measure(checkpoint: Path, heldout_path: Path, *, limit: int, max_tokens: int
     rows, causal = [], None
     for name, settings in VARIANTS.items():
         engine = Engine(loaded, DecodeConfig(draft_len=draft_len, **settings))
+        engine.generate(heldout.prompt_ids[0], SamplingParams(max_tokens=max_tokens))  # warm-up, not timed
         start = time.perf_counter()
         outs = [engine.generate(ids, SamplingParams(max_tokens=max_tokens)) for ids in heldout.prompt_ids]
         wall = time.perf_counter() - start

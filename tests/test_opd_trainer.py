@@ -16,6 +16,7 @@ from tests.conftest import read_metrics, run_train
 from tests.train_args import train_args
 from train.cli import parse_args
 from train.config import JobConfig
+from train.rollout import student_rollouts
 from train.trainer import Trainer
 
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
@@ -33,7 +34,16 @@ def test_trainer_rollouts_equal_the_engine_on_the_same_weights(kit, request, tmp
         trainer.train_step()  # the student moves away from its starting weights first
         saved = trainer.save("after_one_step")
         prompts = trainer.opd.prompts[:4]
-        got = trainer.opd._rollouts(trainer.model, prompts, seed=0)
+        opd = trainer.opd
+        got = student_rollouts(
+            trainer.model,
+            prompts,
+            mask_id=opd.mask_id,
+            stop_ids=opd.stop_ids,
+            decode=opd.decode,
+            params=opd.params,
+            seed=0,
+        )
         engine = Engine(load_checkpoint(saved), DecodeConfig(mode="diffusion", threshold=0.9))
         for prompt, ro in zip(prompts, got):
             want = engine.generate(prompt, SamplingParams(max_tokens=12))

@@ -190,7 +190,44 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--opd_sft_weight", type=float, default=0.0, help="weight of two-stream SFT on dataset rows (default 0)"
     )
+    _rl_flags(p)
     return p
+
+
+def _rl_flags(p: argparse.ArgumentParser) -> None:
+    r = p.add_argument_group(
+        "RL (GRPO/DAPO on diffusion rollouts)",
+        "The student decodes each dataset prompt --rl_group_size times in diffusion mode as the server would, "
+        "sampled; the answers are scored against the dataset's reference answers; the clipped policy-gradient "
+        "loss uses group-normalised advantages and the trajectory log-probability of train/trajectory.py.",
+    )
+    r.add_argument("--rl_diffusion_rollout", action="store_true", help="train by RL on diffusion rollouts (off: SFT)")
+    r.add_argument(
+        "--rl_reward",
+        default="exact",
+        help="exact (answer == reference), gsm8k (last number == the reference's after ####), or "
+        "package.module:function(answer, reference) -> float (default exact)",
+    )
+    r.add_argument("--rl_group_size", type=int, default=8, help="rollouts per prompt, the GRPO group (default 8)")
+    r.add_argument("--rl_prompts_per_step", type=int, default=2, help="prompts per rank per rollout batch (default 2)")
+    r.add_argument("--rl_updates_per_batch", type=int, default=1, help="optimizer steps per rollout batch (default 1)")
+    r.add_argument("--rl_temperature", type=float, default=1.0, help="rollout sampling temperature (default 1)")
+    r.add_argument("--rl_threshold", type=float, default=0.9, help="rollout commit threshold (default 0.9)")
+    r.add_argument("--rl_max_new_tokens", type=int, default=128, help="rollout answer length cap (default 128)")
+    r.add_argument("--rl_clip_low", type=float, default=0.2, help="ratio clipped below at 1 - this (default 0.2)")
+    r.add_argument(
+        "--rl_clip_high", type=float, default=0.2, help="ratio clipped above at 1 + this (default 0.2; DAPO: 0.28)"
+    )
+    r.add_argument(
+        "--rl_token_level", action="store_true", help="DAPO: average the loss over tokens (default: per trajectory)"
+    )
+    r.add_argument("--rl_dynamic_sampling", action="store_true", help="DAPO: drop groups whose rewards are all equal")
+    r.add_argument(
+        "--rl_kl_weight", type=float, default=0.0, help="k3 KL to the frozen starting checkpoint (default 0: none)"
+    )
+    r.add_argument(
+        "--rl_sft_weight", type=float, default=0.0, help="weight of two-stream SFT on dataset rows (default 0)"
+    )
 
 
 def validate(args: argparse.Namespace) -> argparse.Namespace:
@@ -246,6 +283,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         bad("--resume", f"{args.resume} is not a directory")
     _check_model_id(args.model_id)
     _check_opd(args, bad)
+    _check_rl(args, bad)
     if args.ar_only:
         args.views, args.ar_loss_weight = 0, 1.0
     return args
@@ -262,6 +300,7 @@ def _check_single_stream(args, bad) -> None:
         "--within_block_causal": (args.within_block_causal, "blocks are bidirectional in it; leave it out"),
         "--draft_adapter": (args.draft_adapter, "needs a clean stream to keep as the base model; leave it out"),
         "--opd_on_policy": (args.opd_on_policy, "distils shifted two-stream students only so far; leave it out"),
+        "--rl_diffusion_rollout": (args.rl_diffusion_rollout, "scores shifted two-stream trajectories; leave it out"),
     }
     for flag, (given, fix) in needs.items():
         if given:
@@ -312,6 +351,36 @@ def _check_opd(args, bad) -> None:
             _check_model_id(args.opd_teacher)
         except FlagError as e:
             bad("--opd_teacher", str(e).split(": ", 1)[1])
+
+
+def _check_rl(args, bad) -> None:
+    if not args.rl_diffusion_rollout:
+        return
+    if args.ar_only or args.opd_on_policy:
+        bad("--rl_diffusion_rollout", "trains a block-diffusion policy alone; drop --ar_only / --opd_on_policy")
+    for flag in ("rl_group_size", "rl_prompts_per_step", "rl_updates_per_batch", "rl_max_new_tokens"):
+        if getattr(args, flag) < 1:
+            bad(f"--{flag}", f"must be >= 1, got {getattr(args, flag)}")
+    if args.rl_group_size < 2:
+        bad("--rl_group_size", "needs >= 2 rollouts per prompt: advantages are relative to the group")
+    if not args.rl_temperature > 0:
+        bad("--rl_temperature", "must be > 0: greedy rollouts of one prompt are all the same answer")
+    for flag in ("rl_threshold", "rl_clip_low", "rl_clip_high", "rl_kl_weight", "rl_sft_weight"):
+        if not getattr(args, flag) >= 0:
+            bad(f"--{flag}", f"must be >= 0, got {getattr(args, flag)}")
+    n = args.rl_updates_per_batch
+    if args.save_every % n or args.max_steps % n:
+        bad(
+            "--rl_updates_per_batch",
+            f"{n} must divide --max_steps ({args.max_steps}) and --save_every ({args.save_every}): a checkpoint "
+            "inside a rollout batch could not resume it",
+        )
+    try:
+        from train.rewards import load_reward
+
+        load_reward(args.rl_reward)
+    except ValueError as e:
+        bad("--rl_reward", str(e))
 
 
 def _check_model_id(model_id: str) -> None:

@@ -108,6 +108,10 @@ RESUME_MUST_MATCH = (
     "opd_prompts_per_step",
     "opd_states_per_block",
     "opd_slots",
+    "rl_diffusion_rollout",
+    "rl_group_size",
+    "rl_prompts_per_step",
+    "rl_updates_per_batch",
 )
 # What shapes the learning-rate schedule: a resume may change these only with --allow_schedule_change.
 SCHEDULE_FLAGS = ("max_steps", "lr", "warmup", "lr_min_ratio")
@@ -204,6 +208,26 @@ class OPDSection:
     opd_sft_weight: float = 0.0  # weight of the two-stream SFT loss on dataset rows (0: OPD alone)
 
 
+@dataclass(frozen=True)
+class RLSection:
+    """RL with diffusion rollouts (`train/rl_trainer.py`, GRPO/DAPO in `train/grpo.py`): off unless set."""
+
+    rl_diffusion_rollout: bool = False
+    rl_reward: str = "exact"  # exact | gsm8k | package.module:function (train/rewards.py)
+    rl_group_size: int = 8  # rollouts per prompt (the GRPO group)
+    rl_prompts_per_step: int = 2  # prompts per rank per rollout batch
+    rl_updates_per_batch: int = 1  # optimizer steps per rollout batch
+    rl_temperature: float = 1.0  # rollout sampling temperature
+    rl_threshold: float = 0.9  # rollout commit threshold
+    rl_max_new_tokens: int = 128
+    rl_clip_low: float = 0.2  # ratio clipped to [1 - low, 1 + high]; DAPO's clip-higher: high > low (0.28)
+    rl_clip_high: float = 0.2
+    rl_token_level: bool = False  # DAPO: average the loss over all tokens (default: per trajectory, then over them)
+    rl_dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal
+    rl_kl_weight: float = 0.0  # k3 KL to the frozen starting checkpoint (0: no reference model loaded)
+    rl_sft_weight: float = 0.0  # weight of the two-stream SFT loss on dataset rows (0: RL alone)
+
+
 # The CLI flags `diffusion` holds; the rest of BlockDiffusionConfig (clean_causal, min_rate) is derived or fixed.
 DIFFUSION_FLAGS = (
     "objective",
@@ -230,6 +254,7 @@ class JobConfig:
     efficiency: EfficiencySection
     lora: LoraSection
     opd: OPDSection
+    rl: RLSection
 
     @classmethod
     def from_args(cls, args) -> JobConfig:
@@ -260,6 +285,7 @@ class JobConfig:
             efficiency=section(EfficiencySection),
             lora=section(LoraSection),
             opd=section(OPDSection),
+            rl=section(RLSection),
         )
         unplaced = set(flags) - set(config.flags())
         if unplaced:  # a flag added to the parser but to no section would be silently ignored
@@ -270,7 +296,7 @@ class JobConfig:
         """The resolved flags by name, as run_config.json and the checkpoint's trainer state record them."""
         out = {**asdict(self.model), **{k: getattr(self.diffusion, k) for k in DIFFUSION_FLAGS}}
         parts = (self.data, self.training, self.optim, self.checkpoint, self.logging, self.efficiency, self.lora)
-        for part in (*parts, self.opd):
+        for part in (*parts, self.opd, self.rl):
             out.update(asdict(part))
         if out["length_buckets"] is not None:
             out["length_buckets"] = list(out["length_buckets"])

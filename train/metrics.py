@@ -103,6 +103,15 @@ class RunLogger:
                 roll_len=f"{record['rollout_len']:.1f}",
                 roll_tpf=f"{record['rollout_tokens_per_forward']:.2f}",
             )
+        if "rl_reward" in record:  # RL: rewards and how far the update moved the policy
+            shown.update(
+                reward=f"{record['rl_reward']:.3f}",
+                roll_len=f"{record['rollout_len']:.1f}",
+                roll_tpf=f"{record['rollout_tokens_per_forward']:.2f}",
+                clip=f"{record['rl_clip_fraction']:.2f}",
+            )
+            if record.get("rl_kl"):
+                shown["kl"] = f"{record['rl_kl']:.4f}"
         self.bar.set_postfix(**shown, refresh=False)
         for key, value in record.items():
             if isinstance(value, (int, float)) and key != "step":

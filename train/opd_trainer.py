@@ -16,14 +16,12 @@ import torch
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
-from bdcore.gated_delta import is_hybrid
 from bdcore.tokens import stop_ids
 from train.build import compute_dtype
 from train.config import FlagError, JobConfig, first_line
-from train.hybrid import patch_gated_delta_layers
 from train.noise import noise_generator
 from train.opd import choose_states, opd_loss, prompt_of, teacher_logprobs
-from train.rollout import Rollout, rollout
+from train.rollout import student_rollouts
 from train.rows import Sample
 
 OPD_STREAM = 1 << 20  # micro-step slot of the OPD draws in `noise_generator`, apart from the SFT micro-steps
@@ -59,7 +57,15 @@ class OnPolicyDistiller:
         picks = torch.randint(len(self.prompts), (self.opd.opd_prompts_per_step,), generator=gen).tolist()
         t0 = time.perf_counter()
         seed = int(torch.randint(1 << 30, (), generator=gen))
-        rollouts = self._rollouts(lm, [self.prompts[i] for i in picks], seed=seed)
+        rollouts = student_rollouts(
+            lm,
+            [self.prompts[i] for i in picks],
+            mask_id=self.mask_id,
+            stop_ids=self.stop_ids,
+            decode=self.decode,
+            params=self.params,
+            seed=seed,
+        )
         t1 = time.perf_counter()
         teacher_logp = None
         if self.teacher is not None:
@@ -94,36 +100,3 @@ class OnPolicyDistiller:
             "t_teacher_s": t2 - t1,
             "t_student_s": t3 - t2,
         }
-
-    def _rollouts(self, lm, prompts: list[list[int]], *, seed: int) -> list[Rollout]:
-        """The student decodes as the server does: plain SDPA with the decode masks (the trainer may have
-        switched the model to its block-sparse or flex attention), gated-delta layers in decode form, and
-        the FSDP root's parameters (embeddings, final norm, head) gathered around the whole rollout."""
-        model, cfg = lm.model, self.config.diffusion
-        impl = model.config._attn_implementation
-        fsdp_root = hasattr(lm, "unshard")
-        model.config._attn_implementation = "sdpa"
-        if fsdp_root:
-            # FSDP2 names its root at the first forward; the rollout calls the decoder layers before the
-            # root ever runs, so name the root first (a no-op once a training forward has run).
-            lm._get_fsdp_state()._lazy_init()
-            lm.unshard()
-        try:
-            return rollout(
-                model,
-                prompts,
-                mask_id=self.mask_id,
-                stop_ids=self.stop_ids,
-                bd_size=cfg.bd_size,
-                decode=self.decode,
-                params=self.params,
-                clean_causal=cfg.clean_causal,
-                within_block_causal=cfg.within_block_causal,
-                seed=seed,
-            )
-        finally:
-            model.config._attn_implementation = impl
-            if is_hybrid(model.config):  # back to the two-stream forward the training rows need
-                patch_gated_delta_layers(model)
-            if fsdp_root:
-                lm.reshard()

@@ -104,3 +104,50 @@ def rollout(
         return [Rollout(list(p), s.tokens, s.stop_token, d.trace, s.stats) for p, s, d in zip(prompts, sinks, decoders)]
     finally:
         model.train(was_training)
+
+
+def student_rollouts(
+    lm,
+    prompts: list[list[int]],
+    *,
+    mask_id: int,
+    stop_ids: frozenset[int],
+    decode: DecodeConfig,
+    params: SamplingParams,
+    seed: int,
+) -> list[Rollout]:
+    """The trainer's student (`TwoStreamLM`, possibly FSDP-sharded) decodes as the server does: plain SDPA
+    with the decode masks (the trainer may have switched the model to its block-sparse or flex attention),
+    gated-delta layers in decode form, and the FSDP root's parameters (embeddings, final norm, head)
+    gathered around the whole rollout. On-policy distillation and RL both roll out through it."""
+    from bdcore.gated_delta import is_hybrid
+    from train.hybrid import patch_gated_delta_layers
+
+    model, cfg = lm.model, lm.cfg
+    impl = model.config._attn_implementation
+    fsdp_root = hasattr(lm, "unshard")
+    model.config._attn_implementation = "sdpa"
+    if fsdp_root:
+        # FSDP2 names its root at the first forward; the rollout calls the decoder layers before the
+        # root ever runs, so name the root first (a no-op once a training forward has run).
+        lm._get_fsdp_state()._lazy_init()
+        lm.unshard()
+    try:
+        return rollout(
+            model,
+            prompts,
+            mask_id=mask_id,
+            stop_ids=stop_ids,
+            bd_size=cfg.bd_size,
+            decode=decode,
+            params=params,
+            clean_causal=cfg.clean_causal,
+            within_block_causal=cfg.within_block_causal,
+            seed=seed,
+        )
+    finally:
+        model.config._attn_implementation = impl
+        if is_hybrid(model.config):  # back to the two-stream forward the training rows need
+            patch_gated_delta_layers(model)
+        if fsdp_root:
+            lm.reshard()

@@ -115,6 +115,17 @@ class Trainer:
             self.opd = OnPolicyDistiller(
                 config, self.tokens.tokenizer, special.mask_id, special.filler_id, samples, info
             )
+        self.rl = None
+        if config.rl.rl_diffusion_rollout:
+            from train.build import compute_dtype
+            from train.rl_trainer import DiffusionRL, load_reference
+
+            special, reference = self.tokens.special, None
+            if config.rl.rl_kl_weight > 0:
+                dtype = compute_dtype(config, info) or torch.float32
+                reference = load_reference(config, special.mask_id, self.tokens.num_real, info.device, dtype)
+            samples = [s for row in self.data.rows for s in row]
+            self.rl = DiffusionRL(config, self.tokens.tokenizer, special.mask_id, special.filler_id, samples, reference)
         self.offload = (
             torch.autograd.graph.save_on_cpu(pin_memory=True)
             if config.efficiency.activation_offload
@@ -125,16 +136,22 @@ class Trainer:
         """Optimizer step `self.step` over `grad_accum` micro-batches (and, with --opd_on_policy, one
         on-policy distillation step); advances `self.step`."""
         t0 = time.perf_counter()
-        sft_weight = self.config.opd.opd_sft_weight if self.opd else 1.0
+        sft_weight = 1.0
+        if self.opd or self.rl:
+            sft_weight = self.config.opd.opd_sft_weight if self.opd else self.config.rl.rl_sft_weight
         sums = torch.zeros(3, dtype=torch.float64, device=self.info.device)
         counts = (0.0, 0.0, 0.0)
         if sft_weight > 0:
-            counts = self._sft_backward(sums, sft_weight, sync_last=self.opd is None)
+            counts = self._sft_backward(sums, sft_weight, sync_last=self.opd is None and self.rl is None)
         extra = {"router_aux": self._router_aux} if sft_weight > 0 and self._router_aux is not None else {}
         if self.opd is not None:
             self.model.set_requires_gradient_sync(True)
             extra.update(self.opd.step(self.model, self.step, self.info.rank))
             sums[0] += extra["opd_loss"]
+        if self.rl is not None:
+            self.model.set_requires_gradient_sync(True)
+            extra.update(self.rl.step(self.model, self.step, self.info.rank))
+            sums[0] += extra["rl_loss"]
         if extra:
             extra = self._mean_over_ranks(extra)
         clip = self.config.optim.grad_clip

@@ -1,0 +1,6 @@
+"""A reward for the RL tests (`--rl_reward tests.rl_task:digit_share`): a task the untrained demo model fails."""
+
+
+def digit_share(answer: str, reference: str) -> float:
+    """The share of the answer's characters that are digits (0 for an empty answer)."""
+    return sum(c.isdigit() for c in answer) / len(answer) if answer else 0.0
