@@ -68,7 +68,7 @@ class Scripted:
         self.tok, self.replies, self.prompts = tokenizer, list(replies), []
         self.lock = threading.Lock()
 
-    def __call__(self, prompt_ids, params, decode=None, *, on_text=None, cancel=None):
+    def __call__(self, prompt_ids, params, decode=None, *, on_text=None, cancel=None, on_logprobs=None):
         with self.lock:
             self.prompts.append(self.tok.decode(prompt_ids))
             text = self.replies.pop(0)
@@ -198,7 +198,8 @@ def test_tool_choice_forcing_none_and_validation(server, scripted):
         {"tools": [{"type": "function", "function": {"description": "no name"}}]},
         {"tools": {"type": "function"}},
         {"parallel_tool_calls": "yes"},
-        {"logprobs": True},
+        {"logprobs": "yes"},
+        {"top_logprobs": 2},  # needs logprobs: true
         {"response_format": {"type": "xml"}},
         {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},

@@ -68,7 +68,7 @@ class CausalDecoder(Decoder):
 
     def receive(self, logits):
         tok = self.seq.token(logits[-1:])
-        self.finished = self.seq.out.push([tok])
+        self.finished = self.seq.out.push([tok], self.seq.score(logits[-1:], [tok]))
         self.rows, self.keep = Rows().clean([tok], self.pos), 1
         self.pos += 1
         return None
@@ -89,6 +89,10 @@ class DiffusionDecoder(Decoder):
         self.masked: list[bool] = []
         self.steps = 0  # denoise steps spent on the current block
         self.trace: list[CommitStep] | None = None  # set to a list to record every commit
+        self.slot_scores: list = []  # per canvas slot, its TokenLogprob once committed (when asked for)
+
+    shift = True  # canvas row j predicts slot j + 1
+    left_to_right = False
 
     def next_forward(self) -> Forward:
         B, p = self.block, self.start
@@ -113,7 +117,9 @@ class DiffusionDecoder(Decoder):
                 self.start += B
             self.canvas = [self.seq.token(logits[n - 1 : n])] + [self.seq.mask_id] * (B - 1)
             self.masked = [False] + [True] * (B - 1)
+            self.slot_scores = [None] * B
             self._record(None, [0], logits[n - 1 : n])
+            self._score([0], logits[n - 1 : n])
             self.steps = 0
             if self.fuse_commit:  # the canvas rode along with its seed slot still masked
                 self.steps = 1
@@ -125,15 +131,17 @@ class DiffusionDecoder(Decoder):
         """A decided block goes to the answer and is committed next; an undecided one is denoised again."""
         if block_decided(self.canvas, self.masked, self.seq.stop_ids):
             stop = first_stop(self.canvas, self.seq.stop_ids)
-            self.finished = self.seq.out.push(self.canvas[: stop + 1] if stop is not None else self.canvas)
+            done = self.canvas[: stop + 1] if stop is not None else self.canvas
+            scored = self.seq.params.logprobs is not None
+            self.finished = self.seq.out.push(done, self.slot_scores[: len(done)] if scored else None)
             self.phase = "commit"
         else:
             self.phase = "denoise"
 
-    def _denoise(self, rows_logits, seen: list[int], *, last_step: bool) -> None:
+    def _denoise(self, rows_logits, seen: list[int] | None, *, last_step: bool) -> None:
         """One denoise step on canvas rows `rows_logits` computed from the canvas `seen`."""
-        seq = self.seq
-        before = list(self.masked) if self.trace is not None else None
+        seq, first = self.seq, 1 if self.shift else 0  # the first slot a canvas row predicts
+        before = list(self.masked)
         denoise_step(
             rows_logits,
             self.canvas,
@@ -143,10 +151,22 @@ class DiffusionDecoder(Decoder):
             banned=seq.mask_id,
             threshold=self.threshold,
             last_step=last_step,
+            shift=self.shift,
+            left_to_right=self.left_to_right,
         )
-        if self.trace is not None:
-            committed = [s for s in range(1, len(before)) if before[s] and not self.masked[s]]
-            self._record(seen, committed, rows_logits[[s - 1 for s in committed]])
+        if self.trace is not None or seq.params.logprobs is not None:
+            committed = [s for s in range(first, len(before)) if before[s] and not self.masked[s]]
+            rows = rows_logits[[s - first for s in committed]]
+            self._record(seen, committed, rows)
+            self._score(committed, rows)
+
+    def _score(self, slots: list[int], rows_logits) -> None:
+        """Each committed slot's log-probability in the state it was committed from (the server's
+        `logprobs` in diffusion mode: the shared diffusion log-probability of train/trajectory.py)."""
+        scores = self.seq.score(rows_logits, [self.canvas[s] for s in slots])
+        if scores is not None:
+            for s, entry in zip(slots, scores):
+                self.slot_scores[s] = entry
 
     def _record(self, seen: list[int] | None, slots: list[int], rows_logits) -> None:
         """Note the commits of `slots`, scored by the rows that predicted them."""
@@ -195,10 +215,12 @@ class SelfSpecDecoder(Decoder):
         crop = None
         if self.prefill:
             self.prefill = False
-            emitted = [seq.token(logits[c - 1 : c])]
+            ar_rows = logits[c - 1 : c]  # the AR rows that produced the emitted tokens
+            emitted = [seq.token(ar_rows)]
             self._draft(logits[c : c + N - 1])
         elif self.drafts is None:  # cold step
-            emitted = [seq.token(logits[:1])]
+            ar_rows = logits[:1]
+            emitted = [seq.token(ar_rows)]
             self._draft(logits[1:])
             seq.stats.accepted[0] += 1
             self.c += 1
@@ -212,6 +234,7 @@ class SelfSpecDecoder(Decoder):
                 k, last = speculative_accept(drafts, self.q.cpu(), p.cpu(), seq.generator)
             seq.stats.accepted[k] += 1
             emitted = self.drafts[:k] + [last]
+            ar_rows = logits[: k + 1]
             crop = self.c = c + 1 + k  # pending + accepted drafts stay cached
             if self.all_canvases:  # the canvas after row k drafts what follows the emitted token
                 first = N + k * (N - 1)
@@ -220,7 +243,7 @@ class SelfSpecDecoder(Decoder):
                 self._draft(logits[N:])
             else:
                 self.drafts = None
-        self.finished = seq.out.push(emitted)
+        self.finished = seq.out.push(emitted, seq.score(ar_rows, emitted))
         self.pending = emitted[-1]
         return crop
 
@@ -242,6 +265,8 @@ class UnshiftedDiffusionDecoder(DiffusionDecoder):
         super().__init__(seq, block=block, budget=budget, threshold=threshold, fuse_commit=fuse_commit)
         self.left_to_right = left_to_right
 
+    shift = False  # canvas row j predicts slot j (no commit trace: on-policy training refuses unshifted students)
+
     def receive(self, logits):
         B = self.block
         if self.phase == "denoise":
@@ -252,26 +277,12 @@ class UnshiftedDiffusionDecoder(DiffusionDecoder):
             if self.phase == "commit":
                 self.start += B
             self.canvas, self.masked, self.steps = [self.seq.mask_id] * B, [True] * B, 0
+            self.slot_scores = [None] * B
             if self.fuse_commit:  # the next block's canvas rode along
                 self.steps = 1
                 self._denoise(logits[n : n + B], None, last_step=self.budget <= 1)
         self._next_phase()
         return None
-
-    def _denoise(self, rows_logits, seen, *, last_step: bool) -> None:
-        """Row j predicts slot j (no commit trace: on-policy training refuses unshifted students)."""
-        denoise_step(
-            rows_logits,
-            self.canvas,
-            self.masked,
-            self.seq.params,
-            self.seq.generator,
-            banned=self.seq.mask_id,
-            threshold=self.threshold,
-            last_step=last_step,
-            shift=False,
-            left_to_right=self.left_to_right,
-        )
 
 
 def make_decoder(decode: ResolvedDecode, seq: Sequence) -> Decoder:

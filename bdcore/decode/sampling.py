@@ -15,6 +15,9 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = field(default_factory=tuple)
     seed: int | None = None
+    # Report each answer token's log-probability and this many alternatives (None: off); what the number
+    # means per mode is in inference/MODEL_CONTRACT.md ("Log-probabilities").
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -25,6 +28,8 @@ class SamplingParams:
             raise ValueError("top_p must lie in (0, 1]")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError("logprobs must be >= 0 (None: off)")
 
     @property
     def greedy(self) -> bool:

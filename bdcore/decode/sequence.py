@@ -40,13 +40,24 @@ class DecodeStats:
         }
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An answer token's log-probability in the row that produced it (temperature 1, `<|mask|>` banned) and
+    the `top` most likely tokens of that row, as (token, log-probability)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 class TokenSink(Protocol):
     """Where a sequence's emitted tokens go (the engine's text output, or any other consumer)."""
 
     stats: DecodeStats
 
-    def push(self, tokens: list[int]) -> bool:
-        """Take tokens the model produced; True once the answer is finished (stop token, length, ...)."""
+    def push(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> bool:
+        """Take tokens the model produced (and, when asked for, their log-probabilities); True once the
+        answer is finished (stop token, length, ...)."""
         ...
 
 
@@ -60,21 +71,25 @@ class AnswerTokens:
         self.tokens: list[int] = []
         self.stop_token: int | None = None  # the stop token that ended the answer
         self.finish: str | None = None  # "stop" | "length"
+        self.logprobs: list[TokenLogprob] = []  # one per answer token, when the decoder scores them
 
-    def push(self, new: list[int]) -> bool:
+    def push(self, new: list[int], logprobs: list[TokenLogprob] | None = None) -> bool:
         stop = first_stop(new, self.stop_ids)
         room = self.max_tokens - len(self.tokens)
         if stop is not None and stop < room:
             self.stats.generated += stop + 1
-            self.tokens += new[:stop]
+            kept = stop
             self.stop_token, self.finish = new[stop], "stop"
         elif len(new) >= room:
             self.stats.generated += room
-            self.tokens += new[:room]
+            kept = room
             self.finish = "length"
         else:
             self.stats.generated += len(new)
-            self.tokens += new
+            kept = len(new)
+        self.tokens += new[:kept]
+        if logprobs is not None:
+            self.logprobs += logprobs[:kept]
         return self.finish is not None
 
 
@@ -125,3 +140,16 @@ class Sequence:
 
     def token(self, logits: torch.Tensor) -> int:
         return int(self.pick(logits)[0][0])
+
+    def score(self, rows_logits: torch.Tensor, tokens: list[int]) -> list[TokenLogprob] | None:
+        """Each token's log-probability in its row of logits (row i scores tokens[i]; temperature 1, the
+        runner has banned `<|mask|>`) with the row's top alternatives; None unless the request asked."""
+        k = self.params.logprobs
+        if k is None:
+            return None
+        logp = rows_logits.float().log_softmax(-1)
+        top_v, top_i = logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long())
+        return [
+            TokenLogprob(t, float(logp[i, t]), tuple(zip(top_i[i].tolist(), top_v[i].tolist())))
+            for i, t in enumerate(tokens)
+        ]

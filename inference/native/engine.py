@@ -15,7 +15,7 @@ from bdcore.decode.config import DecodeConfig
 from bdcore.decode.modes import Decoder, make_decoder
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence
+from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, TokenLogprob
 from inference.native.loading import LoadedModel
 
 __all__ = ["Cancelled", "DecodeConfig", "Engine", "Generation", "TextOutput"]
@@ -27,6 +27,7 @@ class Generation:
     text: str
     finish_reason: str  # "stop" | "length"
     stats: DecodeStats = field(default_factory=DecodeStats)
+    logprobs: list[TokenLogprob] | None = None  # per answer token, when the request asked (params.logprobs)
 
 
 class Cancelled(Exception):
@@ -38,19 +39,30 @@ class TextOutput(AnswerTokens):
     strings, and the text streamed as it is committed."""
 
     def __init__(
-        self, tokenizer, params: SamplingParams, stop_ids: frozenset[int], stats: DecodeStats, on_text=None, cancel=None
+        self,
+        tokenizer,
+        params: SamplingParams,
+        stop_ids: frozenset[int],
+        stats: DecodeStats,
+        on_text=None,
+        cancel=None,
+        on_logprobs=None,
     ):
         super().__init__(stop_ids, params.max_tokens, stats)
         self.tok, self.params = tokenizer, params
-        self.on_text, self.cancel = on_text, cancel
+        self.on_text, self.cancel, self.on_logprobs = on_text, cancel, on_logprobs
         self.text = ""
         self.sent = 0  # characters already streamed
+        self.sent_logprobs = 0  # log-probability entries already handed to `on_logprobs`
 
-    def push(self, new: list[int]) -> bool:
+    def push(self, new: list[int], logprobs: list[TokenLogprob] | None = None) -> bool:
         """Add tokens the model produced; True once the output is finished."""
         if self.cancel is not None and self.cancel.is_set():
             raise Cancelled
-        super().push(new)
+        super().push(new, logprobs)
+        if self.on_logprobs is not None and len(self.logprobs) > self.sent_logprobs:
+            self.on_logprobs(self.logprobs[self.sent_logprobs :])  # before the text they belong to
+            self.sent_logprobs = len(self.logprobs)
         self.text = self.tok.decode(self.tokens, skip_special_tokens=True)
         cut = min((i for i in (self.text.find(s) for s in self.params.stop) if i >= 0), default=-1)
         if cut >= 0:
@@ -63,7 +75,8 @@ class TextOutput(AnswerTokens):
         return self.finish is not None
 
     def generation(self) -> Generation:
-        return Generation(self.tokens, self.text, self.finish or "length", self.stats)
+        logprobs = self.logprobs if self.params.logprobs is not None else None
+        return Generation(self.tokens, self.text, self.finish or "length", self.stats, logprobs)
 
     def _held_back(self) -> int:
         """Length of the text's tail that could still grow into a stop string (not streamed yet)."""
@@ -84,18 +97,28 @@ class Engine:
         self.runner = ModelRunner.for_checkpoint(loaded.model, loaded.sidecar, loaded.mask_id)
 
     def start(
-        self, prompt_ids, params: SamplingParams, decode: DecodeConfig | None = None, *, on_text=None, cancel=None
+        self,
+        prompt_ids,
+        params: SamplingParams,
+        decode: DecodeConfig | None = None,
+        *,
+        on_text=None,
+        cancel=None,
+        on_logprobs=None,
     ) -> tuple[Decoder, TextOutput]:
         """One request's decoder and its text output (bad settings raise here, before any forward).
-        `on_text(delta)` streams text as it is committed; setting `cancel` (a threading.Event) stops the
-        request with `Cancelled` at its next emitted tokens."""
+        `on_text(delta)` streams text as it is committed, `on_logprobs(entries)` the answer tokens'
+        log-probabilities (with `params.logprobs`) just before; setting `cancel` (a threading.Event) stops
+        the request with `Cancelled` at its next emitted tokens."""
         decode = decode or self.decode
         self.loaded.check_mode(decode.mode)
         sc = self.loaded.sidecar
         shift = sc is None or sc.shift
         resolved = decode.resolve(sc.bd_size if sc else None, shift=shift)
         gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
-        out = TextOutput(self.loaded.tokenizer, params, self.loaded.stop_ids, DecodeStats(), on_text, cancel)
+        out = TextOutput(
+            self.loaded.tokenizer, params, self.loaded.stop_ids, DecodeStats(), on_text, cancel, on_logprobs
+        )
         block_causal = sc is not None and not sc.clean_causal
         seq = Sequence(
             list(prompt_ids), params, gen, out, self.loaded.mask_id, self.loaded.stop_ids, block_causal, shift

@@ -37,8 +37,10 @@ class Scheduler:
         self._start_lock = threading.Lock()
         self.batch_sizes: Counter = Counter()  # forwards by number of requests in them
 
-    def generate(self, prompt_ids, params, decode=None, *, on_text=None, cancel=None) -> Generation:
-        decoder, out = self.engine.start(prompt_ids, params, decode, on_text=on_text, cancel=cancel)
+    def generate(self, prompt_ids, params, decode=None, *, on_text=None, cancel=None, on_logprobs=None) -> Generation:
+        decoder, out = self.engine.start(
+            prompt_ids, params, decode, on_text=on_text, cancel=cancel, on_logprobs=on_logprobs
+        )
         job = _Job(decoder, out)
         self._ensure_thread()
         self._jobs.put(job)

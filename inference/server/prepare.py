@@ -51,7 +51,7 @@ async def prepare(state: ServerState, kind: str, request: Request) -> PreparedRe
     ids, prefix = await run_in_threadpool(prompt_ids, state.loaded.tokenizer, kind, body, tools)
     room = context_room(state.max_context, len(ids))
     # without an explicit max_tokens the reply may use the rest of the context, up to the default
-    params = sampling_params(body, default_max_tokens=min(state.default_max_tokens, room))
+    params = sampling_params(body, default_max_tokens=min(state.default_max_tokens, room), kind=kind)
     decode = request_decode(state.loaded, state.decode, body)
     check_reply_fits(state.max_context, len(ids), params.max_tokens)
     return PreparedRequest(kind, ids, prefix, tools, params, decode, bool(body.get("stream")), include_usage(body))

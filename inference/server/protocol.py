@@ -57,12 +57,28 @@ def _number(body: dict, key: str, kind, default, lo=None, hi=None):
     return value
 
 
-def sampling_params(body: dict, *, default_max_tokens: int) -> SamplingParams:
+MAX_TOP_LOGPROBS = {"chat": 20, "completion": 5}  # OpenAI's limits
+
+
+def logprobs_request(body: dict, kind: str) -> int | None:
+    """How many alternatives to report per answer token (0: only the token's own), or None for none.
+    Chat: `logprobs` true/false and `top_logprobs` 0..20; completions: `logprobs` 0..5 (null: none)."""
+    top = MAX_TOP_LOGPROBS[kind]
+    if kind == "completion":
+        return _number(body, "logprobs", int, None, 0, top)
+    wanted = body.get("logprobs")
+    if wanted not in (None, True, False):
+        raise APIError(400, "'logprobs' must be true or false", param="logprobs")
+    k = _number(body, "top_logprobs", int, None, 0, top)
+    if k and not wanted:
+        raise APIError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (k or 0) if wanted else None
+
+
+def sampling_params(body: dict, *, default_max_tokens: int, kind: str = "chat") -> SamplingParams:
     if _number(body, "n", int, 1) != 1:
         raise APIError(400, "only n=1 is supported", param="n")
-    for key in ("logprobs", "top_logprobs"):
-        if body.get(key) not in (None, False) and not (key == "top_logprobs" and body[key] == 0):
-            raise APIError(400, f"'{key}' is not supported by this server", param=key)
+    logprobs = logprobs_request(body, kind)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     stop = body.get("stop") or ()
     if isinstance(stop, str):
@@ -76,6 +92,7 @@ def sampling_params(body: dict, *, default_max_tokens: int) -> SamplingParams:
         max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", int, default_max_tokens, 1, None),
         stop=tuple(stop),
         seed=_number(body, "seed", int, None, -(2**63), 2**64 - 1),  # what torch's generator takes
+        logprobs=logprobs,
     )
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from inference.native.engine import Cancelled, Generation
 from inference.server.protocol import CLIENT_CLOSED, ToolRequest, internal_error
-from inference.server.responses import ReplyBuilder, usage
+from inference.server.responses import ReplyBuilder, logprobs_field, usage
 from inference.server.tool_calls import content_before_tool_call, split_calls
 
 if TYPE_CHECKING:
@@ -65,13 +65,15 @@ async def sse_events(state: ServerState, req: PreparedRequest, reply: ReplyBuild
         post = partial(loop.call_soon_threadsafe, queue.put_nowait)  # from the worker thread to this loop
         task = state.start(lambda: _decode(state, req, cancel, post))
         yield _sse(reply.chunk({"role": "assistant", "content": ""}))
-        held = HoldBack(req.prefix, req.tools)
-        while (event := await queue.get())[0] == "text":
-            if delta := held.add(event[1]):
-                yield _sse(reply.chunk({"content": delta}))
+        held, scores = HoldBack(req.prefix, req.tools), PendingLogprobs(req.kind, state.loaded.tokenizer)
+        while (event := await queue.get())[0] in ("text", "logprobs"):
+            if event[0] == "logprobs":
+                scores.add(event[1])
+            elif delta := held.add(event[1]):
+                yield _sse(reply.chunk({"content": delta}, logprobs=scores.take()))
         kind, item = event
         if kind == "done":
-            for payload in _closing_chunks(req, reply, held, item):
+            for payload in _closing_chunks(req, reply, held, item, scores):
                 yield _sse(payload)
             state.metrics.record(
                 req.kind,
@@ -98,7 +100,12 @@ def _decode(state: ServerState, req: PreparedRequest, cancel: threading.Event, p
     """The worker thread: every outcome, a fault included, reaches the stream as a (kind, item) event."""
     try:
         gen = state.scheduler.generate(
-            req.prompt_ids, req.params, req.decode, cancel=cancel, on_text=lambda d: post(("text", d))
+            req.prompt_ids,
+            req.params,
+            req.decode,
+            cancel=cancel,
+            on_text=lambda d: post(("text", d)),
+            on_logprobs=lambda entries: post(("logprobs", entries)),
         )
         post(("done", gen))
     except Cancelled:
@@ -107,11 +114,33 @@ def _decode(state: ServerState, req: PreparedRequest, cancel: threading.Event, p
         post(("error", e))
 
 
-def _closing_chunks(req: PreparedRequest, reply: ReplyBuilder, held: HoldBack, gen: Generation) -> Iterator[dict]:
+class PendingLogprobs:
+    """Answer-token log-probabilities decoded but not sent yet: they ride on the next content chunk (the
+    tokens run ahead of the text while a stop string or tool call may be forming)."""
+
+    def __init__(self, kind: str, tokenizer):
+        self.kind, self.tokenizer = kind, tokenizer
+        self.entries, self.offset = [], 0
+
+    def add(self, entries) -> None:
+        self.entries += entries
+
+    def take(self) -> dict | None:
+        if not self.entries:
+            return None
+        field = logprobs_field(self.kind, self.entries, self.tokenizer, self.offset)
+        self.offset += sum(len(self.tokenizer.decode([e.token], skip_special_tokens=True)) for e in self.entries)
+        self.entries = []
+        return field
+
+
+def _closing_chunks(
+    req: PreparedRequest, reply: ReplyBuilder, held: HoldBack, gen: Generation, scores: PendingLogprobs
+) -> Iterator[dict]:
     deltas, finish = held.finish(gen)
     for delta in deltas:
-        yield reply.chunk(delta)
-    yield reply.chunk({}, finish)
+        yield reply.chunk(delta, logprobs=scores.take())
+    yield reply.chunk({}, finish, logprobs=scores.take())
     if req.include_usage:
         yield reply.usage_chunk(usage(len(req.prompt_ids), gen.stats))
 
