@@ -10,7 +10,7 @@ STAMP := $(VENV)/.bdstack-installed
 DEMO_DIR ?= runs/demo
 SMOKE_DIR ?= runs/smollm2
 
-.PHONY: venv test lint demo smoke-smollm2 bench sglang-contract clean
+.PHONY: venv test lint demo demo-rl smoke-smollm2 bench sglang-contract clean
 
 venv: $(STAMP)
 
@@ -43,6 +43,12 @@ demo: venv
 		--concurrency 1 --max-tokens 64 --json $(DEMO_DIR)/serving.json
 	@echo "AR checkpoint:              $(DEMO_DIR)/ar/final"
 	@echo "block-diffusion checkpoint: $(DEMO_DIR)/bd/final  (block_diffusion.json inside)"
+
+# RL on the converted demo checkpoint (after `make demo`): 10 minutes of GRPO/DAPO on diffusion rollouts,
+# reward = the exact answer, then accuracy per decode mode before and after, side by side.
+demo-rl: venv
+	$(PY) -m benchmark.rl_demo --start $(DEMO_DIR)/bd/final --data $(DEMO_DIR)/kit/train.jsonl \
+		--heldout $(DEMO_DIR)/kit/eval.jsonl --minutes 10 --out $(DEMO_DIR)/rl
 
 # Convert the real SmolLM2-135M-Instruct for a few steps: a smoke run on real weights.
 smoke-smollm2: venv
