@@ -80,6 +80,9 @@ class DiffusionDecoder(Decoder):
     masks whose seed slot is still masked) unless `fuse_commit` is off; then denoise forwards until the
     block is decided. Row j of a canvas predicts slot j + 1."""
 
+    shift = True  # canvas row j predicts slot j + 1
+    left_to_right = False  # commit by the threshold rule (True: exactly the first masked slot a step)
+
     def __init__(self, seq: Sequence, *, block: int, budget: int, threshold: float, fuse_commit: bool):
         super().__init__(seq)
         self.block, self.budget, self.threshold, self.fuse_commit = block, budget, threshold, fuse_commit
@@ -90,9 +93,6 @@ class DiffusionDecoder(Decoder):
         self.steps = 0  # denoise steps spent on the current block
         self.trace: list[CommitStep] | None = None  # set to a list to record every commit
         self.slot_scores: list = []  # per canvas slot, its TokenLogprob once committed (when asked for)
-
-    shift = True  # canvas row j predicts slot j + 1
-    left_to_right = False
 
     def next_forward(self) -> Forward:
         B, p = self.block, self.start
@@ -259,13 +259,13 @@ class UnshiftedDiffusionDecoder(DiffusionDecoder):
     canvas when fused; denoise forwards until the block is decided). `left_to_right` commits exactly one
     slot a forward, the first masked one: the causal mode of a checkpoint without a token-causal AR head."""
 
+    shift = False  # canvas row j predicts slot j (no commit trace: on-policy training refuses unshifted students)
+
     def __init__(
         self, seq: Sequence, *, block: int, budget: int, threshold: float, fuse_commit: bool, left_to_right: bool
     ):
         super().__init__(seq, block=block, budget=budget, threshold=threshold, fuse_commit=fuse_commit)
         self.left_to_right = left_to_right
-
-    shift = False  # canvas row j predicts slot j (no commit trace: on-policy training refuses unshifted students)
 
     def receive(self, logits):
         B = self.block
