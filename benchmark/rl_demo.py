@@ -93,8 +93,9 @@ def main(argv=None) -> int:
     steps = args.steps
     if steps is None:
         _train(args, args.out / "calibrate", 2)
-        times = [json.loads(x)["step_time_s"] for x in (args.out / "calibrate" / "metrics.jsonl").read_text().split()]
-        steps = max(2, int(args.minutes * 60 / times[-1]))
+        records = (args.out / "calibrate" / "metrics.jsonl").read_text().splitlines()
+        times = [json.loads(x)["step_time_s"] for x in records]
+        steps = max(2, int(args.minutes * 60 / (sum(times) / len(times))))  # the warm-up step included: safer
     wall = _train(args, args.out / "rl", steps)
     heldout = load_heldout(args.heldout, AutoTokenizer.from_pretrained(args.start), args.limit)
     rows = {

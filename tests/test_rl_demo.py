@@ -18,11 +18,14 @@ def test_rl_demo_prints_before_and_after(demo_kit, tmp_path, capsys):
     run_train(train_args(demo_kit, start, max_steps=2, lr="1e-3"))
     flags = "--rl_diffusion_rollout --rl_group_size 2 --rl_prompts_per_step 2 --rl_max_new_tokens 8 --lr 1e-3"
     argv = ["--start", str(start / "final"), "--data", str(demo_kit / "train.jsonl"), "--heldout"]
-    argv += [str(demo_kit / "eval.jsonl"), "--steps", "2", "--bd-size", "4", "--limit", "3", "--max-tokens", "8"]
+    argv += [str(demo_kit / "eval.jsonl"), "--minutes", "0.01", "--bd-size", "4", "--limit", "3", "--max-tokens", "8"]
     argv += ["--rl-flags", flags, "--out", str(tmp_path / "rl")]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "| before |" in out and "| after |" in out and "rollout / engine" in out
     saved = json.loads((tmp_path / "rl" / "rl_demo.json").read_text())
-    assert saved["steps"] == 2 and saved["rows"]["after"]["self-spec"]["same_as_causal"] == 1.0
+    calibration = [json.loads(x) for x in (tmp_path / "rl" / "calibrate" / "metrics.jsonl").read_text().splitlines()]
+    mean = sum(r["step_time_s"] for r in calibration) / len(calibration)
+    assert saved["steps"] == max(2, int(0.6 / mean)), "sized by the calibration run"
+    assert saved["rows"]["after"]["self-spec"]["same_as_causal"] == 1.0
     assert (tmp_path / "rl" / "rl" / "final" / "block_diffusion.json").is_file()
