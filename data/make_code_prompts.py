@@ -7,7 +7,8 @@ HumanEval (OpenAI, MIT license) is 164 Python function stubs with unit tests. Ea
 chat asking for the completed function. The split is by task id and does not depend on Python's
 `random`: tasks are ordered by the SHA-256 of their id and the first `--heldout` are held out, so the
 same files come out on every machine. Train lines carry `messages` and `task_id` (prompts only: the
-answers come from `python -m data.self_distill`); held-out lines also carry `test`, `entry_point` and
+answers come from `python -m data.self_distill`; `humaneval_train_canonical.jsonl` holds the same prompts
+with HumanEval's canonical solutions as answers); held-out lines also carry `test`, `entry_point` and
 `code_prompt` (the stub), which is what a pass@1 check needs. Only the generated files are committed;
 nothing reads the package at run time.
 """
@@ -55,6 +56,15 @@ def to_prompt(task: dict, *, heldout: bool) -> dict:
     return row
 
 
+def to_answered(task: dict) -> dict:
+    """A train prompt with HumanEval's canonical solution as the assistant's answer (the whole function in
+    a python block, as the prompt asks): SFT data that needs no model to write it."""
+    answer = f"```python\n{task['prompt']}{task['canonical_solution'].rstrip()}\n```"
+    row = to_prompt(task, heldout=False)
+    row["messages"] = row["messages"] + [{"role": "assistant", "content": answer}]
+    return row
+
+
 def split(tasks: list[dict], n_heldout: int) -> tuple[list[dict], list[dict]]:
     """(train, held-out), each in task order."""
     if not 0 <= n_heldout <= len(tasks):
@@ -80,7 +90,10 @@ def main(argv=None) -> int:
     train, held = split(read_tasks(humaneval_file()), args.heldout)
     write([to_prompt(t, heldout=False) for t in train], args.out / "humaneval_train.jsonl")
     write([to_prompt(t, heldout=True) for t in held], args.out / "humaneval_heldout.jsonl")
-    print(f"wrote {len(train)} train and {len(held)} held-out prompts to {args.out}")
+    write([to_answered(t) for t in train], args.out / "humaneval_train_canonical.jsonl")
+    print(
+        f"wrote {len(train)} train (with and without canonical answers) and {len(held)} held-out prompts to {args.out}"
+    )
     return 0
 
 

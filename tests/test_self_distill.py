@@ -253,3 +253,11 @@ def test_shipped_humaneval_prompts():
     for r in held:
         assert r["entry_point"] in r["code_prompt"] and "def check(" in r["test"]
         assert r["code_prompt"].rstrip() in r["messages"][-1]["content"]
+    # The canonical-answer set: the same train prompts, each answered by its canonical function.
+    lines = (REPO / "data/prompts/humaneval_train_canonical.jsonl").read_text().splitlines()
+    answered = [json.loads(x) for x in lines]
+    assert [r["task_id"] for r in answered] == [r["task_id"] for r in train]
+    for r, prompt in zip(answered, train):
+        assert r["messages"][:-1] == prompt["messages"] and r["messages"][-1]["role"] == "assistant"
+        answer = r["messages"][-1]["content"]
+        assert answer.startswith("```python\n") and answer.endswith("\n```") and "def " in answer
