@@ -143,21 +143,25 @@ def causal(ref: ReferenceModel, prompt: list[int], *, max_tokens: int, stop_ids)
         seq.append(tok)
 
 
-def _denoise(rows_logits, canvas, masked, *, threshold, last_step):
-    """Row j predicts slot j + 1. Commit every masked slot above the threshold, at least the most
-    confident masked slot, and every masked slot on the last allowed step."""
+def _denoise(rows_logits, canvas, masked, *, threshold, last_step, shift=True, left_to_right=False):
+    """Row j predicts slot j + 1 (`shift`; unshifted: slot j). Commit every masked slot above the threshold,
+    at least the most confident masked slot, and every masked slot on the last allowed step; left to right:
+    the first masked slot alone."""
+    first = 1 if shift else 0  # the slot row 0 predicts
     probs = rows_logits.softmax(-1)
     tokens = _argmax(rows_logits)
     confidence = [float(probs[j, tokens[j]]) for j in range(len(tokens))]
-    slots = [s for s in range(1, len(canvas)) if masked[s]]
-    if last_step:
+    slots = [s for s in range(first, len(canvas)) if masked[s]]
+    if left_to_right:
+        chosen = slots[:1]
+    elif last_step:
         chosen = slots
     else:
-        chosen = [s for s in slots if confidence[s - 1] > threshold]
+        chosen = [s for s in slots if confidence[s - first] > threshold]
         if not chosen and slots:
-            chosen = [max(slots, key=lambda s: confidence[s - 1])]
+            chosen = [max(slots, key=lambda s: confidence[s - first])]
     for s in chosen:
-        canvas[s], masked[s] = tokens[s - 1], False
+        canvas[s], masked[s] = tokens[s - first], False
 
 
 def _decided(canvas, masked, stop_ids) -> bool:
@@ -218,23 +222,6 @@ def diffusion(
         canvas, masked, steps = start_block(clean_logits, canvas_logits)
 
 
-def _denoise_unshifted(rows_logits, canvas, masked, *, threshold, last_step, left_to_right):
-    """Row j predicts slot j. Left to right: the first masked slot alone; else as `_denoise`."""
-    probs = rows_logits.softmax(-1)
-    tokens = _argmax(rows_logits)
-    slots = [s for s in range(len(canvas)) if masked[s]]
-    if left_to_right:
-        chosen = slots[:1]
-    elif last_step:
-        chosen = slots
-    else:
-        chosen = [s for s in slots if float(probs[s, tokens[s]]) > threshold]
-        if not chosen and slots:
-            chosen = [max(slots, key=lambda s: float(probs[s, tokens[s]]))]
-    for s in chosen:
-        canvas[s], masked[s] = tokens[s], False
-
-
 def unshifted_diffusion(
     ref: ReferenceModel,
     prompt: list[int],
@@ -255,6 +242,7 @@ def unshifted_diffusion(
     answer = _Answer(r, max_tokens, stop_ids)
     B, P = block, len(prompt)
     committed: list[int] = []
+    unshifted = {"shift": False, "left_to_right": left_to_right}
     while True:
         blocks = [(P + i, P + i + B) for i in range(0, len(committed), B)]
         canvas, masked, steps = [mask_id] * B, [True] * B, 0
@@ -262,16 +250,12 @@ def unshifted_diffusion(
         if fuse_commit:
             steps = 1
             rows = ref(prompt + committed, blocks, canvas)[1]
-            _denoise_unshifted(
-                rows, canvas, masked, threshold=threshold, last_step=budget <= 1, left_to_right=left_to_right
-            )
+            _denoise(rows, canvas, masked, threshold=threshold, last_step=budget <= 1, **unshifted)
         while not _decided(canvas, masked, stop_ids):
             rows = ref(prompt + committed, blocks, canvas)[1]
             r.forwards += 1
             steps += 1
-            _denoise_unshifted(
-                rows, canvas, masked, threshold=threshold, last_step=steps >= budget, left_to_right=left_to_right
-            )
+            _denoise(rows, canvas, masked, threshold=threshold, last_step=steps >= budget, **unshifted)
         if answer.add(canvas):
             return r
         committed += canvas

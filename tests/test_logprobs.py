@@ -129,11 +129,15 @@ def test_the_server_returns_logprobs_in_openai_shapes(tmp_path):
             assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
         plain = client.chat.completions.create(model="tiny", messages=msg, max_tokens=4)
         assert plain.choices[0].logprobs is None
-        comp = client.completions.create(model="tiny", prompt="ab", max_tokens=6, logprobs=2)
+        comp = client.completions.create(model="tiny", prompt="Copy: abc", max_tokens=8, logprobs=2)
         lp = comp.choices[0].logprobs
         assert "".join(lp.tokens) == comp.choices[0].text and len(lp.token_logprobs) == len(lp.tokens)
         assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
         assert all(len(top) <= 2 for top in lp.top_logprobs)
+        chunks = client.completions.create(model="tiny", prompt="Copy: abc", max_tokens=8, logprobs=2, stream=True)
+        parts = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+        assert len(parts) > 1 and [t for p in parts for t in p.tokens] == lp.tokens
+        assert [o for p in parts for o in p.text_offset] == lp.text_offset, "offsets run on across chunks"
         with pytest.raises(Exception, match="top_logprobs"):
             client.chat.completions.create(model="tiny", messages=msg, max_tokens=2, top_logprobs=2)
         with pytest.raises(Exception, match="logprobs"):

@@ -18,7 +18,7 @@ from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint
 from tests.train_args import train_args
 from train.config import BlockDiffusionConfig
-from train.grpo import group_advantages, policy_loss, varied_groups
+from train.grpo import group_advantages, policy_loss, select_rollouts, varied_groups
 from train.model import TwoStreamLM
 from train.rewards import load_reward
 from train.rollout import student_rollouts
@@ -36,6 +36,18 @@ def test_group_advantages_by_hand():
     assert varied_groups(rewards, 4).tolist() == [True] * 4 + [False] * 4 + [True] * 4
     with pytest.raises(ValueError, match="groups of 5"):
         group_advantages(rewards, 5)
+
+
+def test_dynamic_sampling_keeps_varied_groups_with_their_own_advantages():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 2.0, 0.0])
+    keep, adv, groups = select_rollouts(rewards, 2, dynamic=True)
+    assert keep.tolist() == [False, False, True, True, False, False, True, True] and groups == 2
+    torch.testing.assert_close(adv, torch.tensor([-1.0, 1.0, 1.0, -1.0]), atol=1e-5, rtol=1e-5)
+    keep, adv, groups = select_rollouts(rewards, 2, dynamic=False)
+    assert keep.all() and groups == 4 and adv.numel() == 8
+    # nothing varied: one group with zero advantages, so every rank still runs the same forwards
+    keep, adv, groups = select_rollouts(torch.ones(6), 2, dynamic=True)
+    assert keep.tolist() == [True, True, False, False, False, False] and groups == 0 and not adv.any()
 
 
 def test_policy_loss_clips_normalises_and_adds_the_kl_by_hand():

@@ -40,6 +40,18 @@ def varied_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return varied.repeat_interleave(group_size)
 
 
+def select_rollouts(rewards: torch.Tensor, group_size: int, *, dynamic: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Which rollouts a batch scores, their advantages, and how many groups were kept. With `dynamic`
+    (DAPO's dynamic sampling) only groups whose rewards differ; if none does, the first group (all of its
+    advantages zero), so that every rank still runs the same forwards."""
+    advantages = group_advantages(rewards, group_size)
+    keep = varied_groups(rewards, group_size) if dynamic else torch.ones(rewards.numel(), dtype=torch.bool)
+    groups_kept = int(keep.sum()) // group_size
+    if not keep.any():
+        keep[:group_size] = True
+    return keep, advantages[keep], groups_kept
+
+
 @dataclass
 class PolicyLoss:
     loss: torch.Tensor

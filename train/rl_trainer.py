@@ -24,7 +24,7 @@ from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
 from bdcore.tokens import stop_ids
 from train.config import JobConfig
-from train.grpo import group_advantages, policy_loss, varied_groups
+from train.grpo import policy_loss, select_rollouts
 from train.noise import noise_generator
 from train.opd import prompt_of
 from train.rewards import load_reward
@@ -132,11 +132,7 @@ class DiffusionRL:
         refs = [self.references[i] for i in picks for _ in range(n)]
         texts = [self.tokenizer.decode(r.tokens, skip_special_tokens=True) for r in rollouts]
         rewards = torch.tensor([float(self.reward(t, ref)) for t, ref in zip(texts, refs)])
-        advantages = group_advantages(rewards, n)
-        keep = varied_groups(rewards, n) if rl.rl_dynamic_sampling else torch.ones(len(rollouts), dtype=torch.bool)
-        groups_kept = int(keep.sum()) // n
-        if not keep.any():  # lockstep: score one group with zero advantages rather than skip the forward
-            keep[:n] = True
+        keep, advantages, groups_kept = select_rollouts(rewards, n, dynamic=rl.rl_dynamic_sampling)
         kept = [r for r, k in zip(rollouts, keep.tolist()) if k]
         with torch.no_grad():
             old = trajectory_logprobs(lm, kept, mask_id=self.mask_id, filler_id=self.filler_id)
@@ -152,4 +148,4 @@ class DiffusionRL:
             "rollout_tokens_per_forward": generated / max(1, sum(r.stats.forwards for r in rollouts)),
             "t_rollout_s": t1 - t0,
         }
-        return RolloutBatch(kept, advantages[keep], [x.detach() for x in old], ref, metrics)
+        return RolloutBatch(kept, advantages, [x.detach() for x in old], ref, metrics)

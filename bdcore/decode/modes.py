@@ -141,7 +141,8 @@ class DiffusionDecoder(Decoder):
     def _denoise(self, rows_logits, seen: list[int] | None, *, last_step: bool) -> None:
         """One denoise step on canvas rows `rows_logits` computed from the canvas `seen`."""
         seq, first = self.seq, 1 if self.shift else 0  # the first slot a canvas row predicts
-        before = list(self.masked)
+        noting = self.trace is not None or seq.params.logprobs is not None  # who committed what is wanted
+        before = list(self.masked) if noting else None
         denoise_step(
             rows_logits,
             self.canvas,
@@ -154,7 +155,7 @@ class DiffusionDecoder(Decoder):
             shift=self.shift,
             left_to_right=self.left_to_right,
         )
-        if self.trace is not None or seq.params.logprobs is not None:
+        if noting:
             committed = [s for s in range(first, len(before)) if before[s] and not self.masked[s]]
             rows = rows_logits[[s - first for s in committed]]
             self._record(seen, committed, rows)

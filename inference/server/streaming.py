@@ -129,7 +129,8 @@ class PendingLogprobs:
         if not self.entries:
             return None
         field = logprobs_field(self.kind, self.entries, self.tokenizer, self.offset)
-        self.offset += sum(len(self.tokenizer.decode([e.token], skip_special_tokens=True)) for e in self.entries)
+        if self.kind == "completion":  # only completions carry text offsets
+            self.offset += sum(len(t) for t in field["tokens"])
         self.entries = []
         return field
 
