@@ -8,6 +8,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.bdstack-installed
 
 DEMO_DIR ?= runs/demo
+# qwen3 (dense), or qwen3_moe: `make demo DEMO_ARCH=qwen3_moe DEMO_DIR=runs/demo-moe` runs the same job on a
+# tiny mixture of experts (4 experts, 2 per token, the router's load-balancing loss on)
+DEMO_ARCH ?= qwen3
 SMOKE_DIR ?= runs/smollm2
 
 .PHONY: venv test lint demo demo-rl smoke-smollm2 bench sglang-contract clean
@@ -31,7 +34,7 @@ test: lint
 # Qwen3, AR SFT from scratch (--ar_only), then block-diffusion conversion through the same CLI.
 demo: venv
 	rm -rf $(DEMO_DIR)
-	$(PY) -m data.make_demo $(DEMO_DIR)/kit --train 4000 --eval 200
+	$(PY) -m data.make_demo $(DEMO_DIR)/kit --train 4000 --eval 200 --arch $(DEMO_ARCH)
 	$(PY) train.py --model_id $(DEMO_DIR)/kit/base_model --dataset $(DEMO_DIR)/kit/train.jsonl --ar_only \
 		--pack --max_length 512 --micro_batch_size 4 --max_steps 1500 --lr 5e-3 --warmup 50 --log_every 100 \
 		--save_dir $(DEMO_DIR)/ar

@@ -25,12 +25,14 @@ import torch
 
 
 def _build(args):
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
 
     from train.rows import Sample
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(
+    moe = dict(num_experts=args.experts, num_experts_per_tok=2, moe_intermediate_size=args.hidden)
+    cfg = (Qwen3MoeConfig if args.arch == "qwen3_moe" else Qwen3Config)(
+        **(moe if args.arch == "qwen3_moe" else {}),
         vocab_size=args.vocab,
         hidden_size=args.hidden,
         intermediate_size=args.hidden * 3,
@@ -67,7 +69,8 @@ def _run_mode(args, mode: str) -> dict:
     else:
         cfg = BlockDiffusionConfig(bd_size=args.bd_size, views=2, ar_loss_weight=args.ar_loss_weight)
     ids = SpecialIds(mask_id=args.vocab - 1, filler_id=0)
-    lm = TwoStreamLM(model, cfg)
+    # a mixture of experts trains with its router's load-balancing loss, as train.py does by default
+    lm = TwoStreamLM(model, cfg, router_aux_coef=getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     cuda = args.device.startswith("cuda")
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -94,7 +97,8 @@ def _run_mode(args, mode: str) -> dict:
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024  # KiB -> MiB
-    return {"mode": mode, "median_s": statistics.median(times), "tokens": tokens, "peak_mib": peak}
+    params = sum(p.numel() for p in model.parameters())
+    return {"mode": mode, "median_s": statistics.median(times), "tokens": tokens, "peak_mib": peak, "params": params}
 
 
 def _worker(args, mode, queue):
@@ -120,6 +124,13 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument(
+        "--arch",
+        choices=["qwen3", "qwen3_moe"],
+        default="qwen3",
+        help="qwen3_moe: every MLP a mixture of --experts experts (2 per token, each of width --hidden)",
+    )
+    p.add_argument("--experts", type=int, default=8)
     p.add_argument("--prompt", type=int, default=96, help="prompt tokens per sample")
     p.add_argument("--response", type=int, default=160, help="response tokens per sample")
     p.add_argument("--docs_per_row", type=int, default=2)
@@ -145,6 +156,8 @@ def main(argv=None) -> None:
         "ar_peak_mib": ar["peak_mib"],
         "bd_peak_mib": bd["peak_mib"],
         "device": args.device,
+        "arch": args.arch,
+        "params": bd["params"],
     }
     if half:
         summary |= {"bd_bf16_step_s": half[0]["median_s"], "bf16_speedup": bd["median_s"] / half[0]["median_s"]}
@@ -152,7 +165,7 @@ def main(argv=None) -> None:
         print(json.dumps(summary))
         return
     print(
-        f"device={args.device} layers={args.layers} hidden={args.hidden} vocab={args.vocab} "
+        f"device={args.device} arch={args.arch} layers={args.layers} hidden={args.hidden} vocab={args.vocab} "
         f"rows={args.rows}x{args.docs_per_row} docs of P={args.prompt} + n={args.response}, bd_size={args.bd_size}"
     )
     print(f"{'step':<18}{'tokens/batch':>14}{'median s':>12}{'peak MiB':>12}")
