@@ -1,14 +1,17 @@
 """RL on the demo kit: accuracy per decode mode before and after, side by side (`make demo-rl`).
 
-    python -m benchmark.rl_demo --start runs/demo/bd/final --data runs/demo/kit/train.jsonl \\
-        --heldout runs/demo/kit/eval.jsonl --minutes 10 --out runs/demo/rl
+    python -m benchmark.rl_demo --start runs/demo/bd-short/final --data runs/demo/kit/train.jsonl \\
+        --heldout runs/demo/kit/eval.jsonl --threshold 0.5 --minutes 10 --sft-baseline --out runs/demo/rl
 
-Trains the converted demo checkpoint with `train.py --rl_diffusion_rollout` (reward: the exact answer,
-diffusion rollouts, GRPO with DAPO's clip-higher, token-level loss and dynamic sampling) for the number of
-steps that fits `--minutes` (sized by a 2-step calibration run), then evaluates the start and the result
-on the held-out problems in every decode mode, in process, greedy (`benchmark/conversion_eval.py`), and
-prints one table with the command that produced it. The rollouts' cost against the serving engine's
-diffusion decode of the same prompts is printed too (`rollout_vs_engine`).
+Trains a converted checkpoint with `train.py --rl_diffusion_rollout` (reward: the exact answer, diffusion
+rollouts at the commit `--threshold` that will be served, GRPO with DAPO's clip-higher, token-level loss and
+dynamic sampling) for the number of steps that fits `--minutes` (sized by a 2-step calibration run), then
+evaluates the start and the result on the held-out problems in every decode mode, in process, greedy
+(`benchmark/conversion_eval.py`, diffusion at the same threshold), and prints one table with the command
+that produced it. `--sft-baseline` spends the RL run's measured wall time on more two-stream SFT of the
+same start instead (`--sft-flags`), so the table says what the same minutes of plain SFT would have bought.
+The rollouts' cost against the serving engine's diffusion decode of the same prompts is printed too
+(`rollout_vs_engine`).
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ RL_FLAGS = (
     "--rl_diffusion_rollout --rl_reward exact --rl_group_size 8 --rl_prompts_per_step 4 --rl_max_new_tokens 32 "
     "--rl_clip_high 0.28 --rl_token_level --rl_dynamic_sampling --rl_temperature 1.0 --lr 1e-4 --warmup 2"
 )
+# the demo conversion's own recipe (Makefile `demo`), continued from the start checkpoint
+SFT_FLAGS = "--ar_loss_weight 0.5 --pack --max_length 1024 --micro_batch_size 2 --lr 2e-3 --warmup 20"
 
 
-def _train(args, out: Path, steps: int) -> float:
+def _train(args, out: Path, steps: int, flags: list[str]) -> float:
     cmd = [sys.executable, "train.py", "--model_id", str(args.start), "--dataset", str(args.data)]
     cmd += ["--bd_size", str(args.bd_size), "--max_steps", str(steps), "--log_every", "1", "--save_dir", str(out)]
-    cmd += shlex.split(args.rl_flags)
+    cmd += flags
     start = time.perf_counter()
     with open(out.parent / f"{out.name}.log", "w") as log:
         if subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
@@ -40,7 +45,15 @@ def _train(args, out: Path, steps: int) -> float:
     return time.perf_counter() - start
 
 
-def rollout_vs_engine(checkpoint: Path, heldout_prompts: list[list[int]], max_tokens: int) -> float:
+def _steps_for(args, out: Path, seconds: float, flags: list[str]) -> int:
+    """Steps of a run with `flags` that fit `seconds`, from the mean step time of a 2-step calibration run
+    (its first step's warm-up included: the estimate errs short)."""
+    _train(args, out, 2, flags)
+    times = [json.loads(x)["step_time_s"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return max(2, int(seconds / (sum(times) / len(times))))
+
+
+def rollout_vs_engine(checkpoint: Path, heldout_prompts: list[list[int]], max_tokens: int, threshold: float) -> float:
     """Seconds of `train.rollout.rollout` over the prompts (one batch, greedy, trace recorded) divided by
     the serving engine's diffusion decode of the same prompts (one batched scheduler run)."""
     from bdcore.decode.config import DecodeConfig
@@ -51,7 +64,8 @@ def rollout_vs_engine(checkpoint: Path, heldout_prompts: list[list[int]], max_to
     from train.rollout import rollout
 
     loaded = load_checkpoint(checkpoint)
-    sc, decode, params = loaded.sidecar, DecodeConfig(mode="diffusion"), SamplingParams(max_tokens=max_tokens)
+    sc, params = loaded.sidecar, SamplingParams(max_tokens=max_tokens)
+    decode = DecodeConfig(mode="diffusion", threshold=threshold)
     scheduler = Scheduler(Engine(loaded, decode), max_batch=len(heldout_prompts))
     t0 = time.perf_counter()
     with ThreadPoolExecutor(len(heldout_prompts)) as pool:
@@ -80,7 +94,19 @@ def main(argv=None) -> int:
     p.add_argument("--minutes", type=float, default=10.0, help="RL wall-clock budget (default 10)")
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: what fits --minutes)")
     p.add_argument("--bd-size", type=int, default=8)
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.9,
+        help="diffusion commit threshold of the rollouts (--rl_threshold) and of the evaluation (default 0.9)",
+    )
     p.add_argument("--rl-flags", default=RL_FLAGS, help=f"train.py flags of the RL run (default: {RL_FLAGS})")
+    p.add_argument(
+        "--sft-baseline",
+        action="store_true",
+        help="also spend the RL run's wall time on two-stream SFT of the same start and evaluate it",
+    )
+    p.add_argument("--sft-flags", default=SFT_FLAGS, help=f"train.py flags of the SFT baseline (default: {SFT_FLAGS})")
     p.add_argument("--limit", type=int, default=100, help="held-out problems evaluated")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--out", type=Path, required=True)
@@ -90,26 +116,30 @@ def main(argv=None) -> int:
     from benchmark.conversion_eval import evaluate, load_heldout
 
     args.out.mkdir(parents=True, exist_ok=True)
-    steps = args.steps
-    if steps is None:
-        _train(args, args.out / "calibrate", 2)
-        records = (args.out / "calibrate" / "metrics.jsonl").read_text().splitlines()
-        times = [json.loads(x)["step_time_s"] for x in records]
-        steps = max(2, int(args.minutes * 60 / (sum(times) / len(times))))  # the warm-up step included: safer
-    wall = _train(args, args.out / "rl", steps)
+    rl_flags = shlex.split(args.rl_flags) + ["--rl_threshold", str(args.threshold)]
+    steps = args.steps or _steps_for(args, args.out / "calibrate", args.minutes * 60, rl_flags)
+    wall = _train(args, args.out / "rl", steps, rl_flags)
+    checkpoints = {"before": args.start, "after RL": args.out / "rl" / "final"}
+    sft_steps = sft_wall = None
+    if args.sft_baseline:
+        sft_flags = shlex.split(args.sft_flags)
+        sft_steps = _steps_for(args, args.out / "calibrate-sft", wall, sft_flags)
+        sft_wall = _train(args, args.out / "sft", sft_steps, sft_flags)
+        checkpoints["after SFT, same time"] = args.out / "sft" / "final"
     heldout = load_heldout(args.heldout, AutoTokenizer.from_pretrained(args.start), args.limit)
     rows = {
-        "before": evaluate(args.start, heldout, max_tokens=args.max_tokens, threshold=0.9),
-        "after": evaluate(args.out / "rl" / "final", heldout, max_tokens=args.max_tokens, threshold=0.9),
+        name: evaluate(path, heldout, max_tokens=args.max_tokens, threshold=args.threshold)
+        for name, path in checkpoints.items()
     }
-    ratio = rollout_vs_engine(args.out / "rl" / "final", heldout.prompt_ids[:16], args.max_tokens)
+    ratio = rollout_vs_engine(args.out / "rl" / "final", heldout.prompt_ids[:16], args.max_tokens, args.threshold)
     command = "python -m benchmark.rl_demo " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     lines = [
         command,
         f"RL: {steps} steps in {wall:.0f} s; rollout / engine diffusion decode time: {ratio:.2f}x",
+        *([f"SFT baseline: {sft_steps} steps in {sft_wall:.0f} s"] if sft_steps else []),
         "",
-        "| checkpoint | causal accuracy | diffusion accuracy | diffusion tok/fwd | self-spec tok/fwd "
-        "| self-spec same as causal |",
+        f"| checkpoint | causal accuracy | diffusion accuracy (threshold {args.threshold}) | diffusion tok/fwd "
+        "| self-spec tok/fwd | self-spec same as causal |",
         "|---|---|---|---|---|---|",
     ]
     for name, row in rows.items():
@@ -119,7 +149,15 @@ def main(argv=None) -> int:
             f"| {s['tokens_per_forward']:.2f} | {s['same_as_causal']:.0%} |"
         )
     print("\n".join(lines))
-    (args.out / "rl_demo.json").write_text(json.dumps({"command": command, "steps": steps, "rows": rows}, indent=1))
+    record = {
+        "command": command,
+        "steps": steps,
+        "wall_s": wall,
+        "sft_steps": sft_steps,
+        "sft_wall_s": sft_wall,
+        "rows": rows,
+    }
+    (args.out / "rl_demo.json").write_text(json.dumps(record, indent=1, default=str))
     return 0
 
 
