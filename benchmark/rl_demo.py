@@ -46,10 +46,11 @@ def _train(args, out: Path, steps: int, flags: list[str]) -> float:
 
 
 def _steps_for(args, out: Path, seconds: float, flags: list[str]) -> int:
-    """Steps of a run with `flags` that fit `seconds`, from the mean step time of a 2-step calibration run
-    (its first step's warm-up included: the estimate errs short)."""
-    _train(args, out, 2, flags)
-    times = [json.loads(x)["step_time_s"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    """Steps of a run with `flags` that fit `seconds`, from the mean time of steps 2-3 of a 3-step
+    calibration run (the first step pays one-off warm-up costs; no learning-rate warm-up, which could not
+    fit 3 steps)."""
+    _train(args, out, 3, flags + ["--warmup", "0"])
+    times = [json.loads(x)["step_time_s"] for x in (out / "metrics.jsonl").read_text().splitlines()][1:]
     return max(2, int(seconds / (sum(times) / len(times))))
 
 

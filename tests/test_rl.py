@@ -193,10 +193,14 @@ def test_rl_flags_are_checked(tmp_path):
         (["--rl_updates_per_batch", "3", "--max_steps", "10"], "--rl_updates_per_batch"),
         (["--rl_reward", "nope"], "--rl_reward"),
         (["--opd_on_policy"], "--rl_diffusion_rollout"),
+        (["--rl_rollout_mode", "causal", "--ar_loss_weight", "0"], "--rl_rollout_mode"),
+        (["--rl_rollout_mode", "self-spec", "--lora_rank", "4", "--draft_adapter"], "--rl_rollout_mode"),
     ]
     for extra, flag in cases:
         with pytest.raises(FlagError, match=f"^{flag}: "):
             parse_args(base + extra)
+    assert parse_args(base + ["--rl_rollout_mode", "self-spec"]).rl_rollout_mode == "self-spec"
+    assert parse_args(base + ["--rl_rollout_mode", "diffusion", "--ar_loss_weight", "0"]).rl_rollout_mode == "diffusion"
 
 
 def test_the_reference_is_the_last_answer_without_its_end_of_turn(student):

@@ -20,14 +20,15 @@ def test_rl_demo_prints_before_and_after(demo_kit, tmp_path, capsys):
     argv = ["--start", str(start / "final"), "--data", str(demo_kit / "train.jsonl"), "--heldout"]
     argv += [str(demo_kit / "eval.jsonl"), "--minutes", "0.01", "--bd-size", "4", "--limit", "3", "--max-tokens", "8"]
     argv += ["--rl-flags", flags, "--threshold", "0.5", "--out", str(tmp_path / "rl")]
-    argv += ["--sft-baseline", "--sft-flags", "--lr 1e-3"]
+    argv += ["--sft-baseline", "--sft-flags", "--lr 1e-3 --warmup 2"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "| before |" in out and "| after RL |" in out and "| after SFT, same time |" in out
     assert "rollout / engine" in out and "diffusion accuracy (threshold 0.5)" in out
     saved = json.loads((tmp_path / "rl" / "rl_demo.json").read_text())
     calibration = [json.loads(x) for x in (tmp_path / "rl" / "calibrate" / "metrics.jsonl").read_text().splitlines()]
-    mean = sum(r["step_time_s"] for r in calibration) / len(calibration)
+    assert len(calibration) == 3
+    mean = sum(r["step_time_s"] for r in calibration[1:]) / 2  # the first step's warm-up left out
     assert saved["steps"] == max(2, int(0.6 / mean)), "sized by the calibration run"
     assert saved["rows"]["after RL"]["self-spec"]["same_as_causal"] == 1.0
     assert (tmp_path / "rl" / "rl" / "final" / "block_diffusion.json").is_file()
@@ -37,7 +38,7 @@ def test_rl_demo_prints_before_and_after(demo_kit, tmp_path, capsys):
     sft_calibration = [
         json.loads(x) for x in (tmp_path / "rl" / "calibrate-sft" / "metrics.jsonl").read_text().splitlines()
     ]
-    sft_mean = sum(r["step_time_s"] for r in sft_calibration) / len(sft_calibration)
+    sft_mean = sum(r["step_time_s"] for r in sft_calibration[1:]) / 2
     assert saved["sft_steps"] == max(2, int(saved["wall_s"] / sft_mean))
     sft_config = json.loads((tmp_path / "rl" / "sft" / "run_config.json").read_text())
     assert sft_config["model_id"] == str(start / "final") and not sft_config["rl_diffusion_rollout"]

@@ -11,9 +11,11 @@
 """
 
 import copy
+import dataclasses
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
@@ -34,7 +36,9 @@ MAX_TOKENS = (20, 7, 20, 12)
 def loaded(request, tmp_path_factory):
     arch, clean_causal = request.param
     path = tiny_checkpoint(tmp_path_factory.mktemp(arch), arch=arch, bd_size=4, clean_causal=clean_causal)
-    return load_checkpoint(path)
+    loaded = load_checkpoint(path)
+    loaded.source = path  # a stock copy for references (the engine patches its model's gated-delta layers)
+    return loaded
 
 
 def _rollouts(loaded, decode, *, max_tokens=20, sync=None, prompts=None):
@@ -121,3 +125,59 @@ def test_lockstep_stand_in_forwards_leave_results_unchanged(loaded):
         hook.remove()
     assert [r.tokens for r in locked] == [r.tokens for r in alone]
     assert len(forwards) == calls.count(True) + extra
+
+
+def _stock_ar_logprobs(stock, loaded, prompt, answer) -> torch.Tensor:
+    """log p(answer[i] | prompt, answer[:i]) from one stock causal forward, `<|mask|>` banned."""
+    with torch.no_grad():
+        logits = stock(input_ids=torch.tensor([list(prompt) + answer])).logits[0].float()
+    logits[:, loaded.mask_id] = float("-inf")
+    rows = logits[len(prompt) - 1 : len(prompt) - 1 + len(answer)].log_softmax(-1)
+    return rows.gather(-1, torch.tensor(answer)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("mode", ["causal", "self-spec"])
+def test_ar_mode_rollouts_are_the_engines_and_score_the_ar_head(loaded, mode):
+    """RL's `--rl_rollout_mode causal|self-spec`: the rollout decodes what the serving engine decodes in that
+    mode (greedy and sampled, same seeds), records each answer token and the stop token as committed from
+    the AR row before it, and the shared trajectory function then gives the AR head's log-probability of
+    each: equal to one stock causal forward over [prompt, answer] and to what the decoder scored."""
+    sc = loaded.sidecar
+    if not sc.clean_causal:
+        pytest.skip("AR-mode rollouts need a token-causal clean stream (train.cli refuses them otherwise)")
+    decode = DecodeConfig(mode=mode)
+    prompts = _prompts(loaded.tokenizer, len(MAX_TOKENS), seed=3)
+    # a token the first greedy answer emits stops answers too, so stop tokens are scored whatever the weights
+    stops = loaded.stop_ids | {Engine(loaded, decode).generate(prompts[0], SamplingParams(max_tokens=8)).tokens[3]}
+    engine = Engine(dataclasses.replace(loaded, stop_ids=stops), decode)
+    cfg = BlockDiffusionConfig(bd_size=sc.bd_size, ar_loss_weight=sc.ar_loss_weight, clean_causal=True)
+    lm = TwoStreamLM(copy.deepcopy(loaded.model), cfg)
+    filler = filler_id(loaded.tokenizer, end_of_turn_id(loaded.tokenizer))
+    stock = AutoModelForCausalLM.from_pretrained(loaded.source, dtype=torch.float32).eval()
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(max_tokens=20, temperature=temperature)
+        got = rollout(
+            loaded.model,
+            prompts,
+            mask_id=loaded.mask_id,
+            stop_ids=stops,
+            bd_size=sc.bd_size,
+            decode=decode,
+            params=params,
+            seed=7,
+        )
+        scored = trajectory_logprobs(lm, got, mask_id=loaded.mask_id, filler_id=filler)
+        for i, (prompt, ro, logp) in enumerate(zip(prompts, got, scored)):
+            want = engine.generate(prompt, SamplingParams(max_tokens=20, temperature=temperature, seed=7 + i))
+            assert ro.tokens == want.tokens
+            assert (ro.stats.generated, ro.stats.forwards) == (want.stats.generated, want.stats.forwards)
+            P = len(ro.prompt_ids)
+            assert [(st.start, st.canvas, st.slots, st.tokens) for st in ro.steps] == [
+                (P + k, None, [0], [t]) for k, t in enumerate(ro.response)
+            ]
+            reference = _stock_ar_logprobs(stock, loaded, prompt, ro.response)
+            torch.testing.assert_close(logp.detach(), reference, atol=2e-4, rtol=1e-4)
+            recorded = torch.tensor([lp for st in ro.steps for lp in st.logprobs])
+            torch.testing.assert_close(recorded, reference, atol=2e-4, rtol=1e-4)
+        if temperature == 0.0:  # the first greedy answer stops at the token picked above: a scored stop token
+            assert got[0].stop_token is not None

@@ -196,8 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _rl_flags(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group(
-        "RL (GRPO/DAPO on diffusion rollouts)",
-        "The student decodes each dataset prompt --rl_group_size times in diffusion mode as the server would, "
+        "RL (GRPO/DAPO on the student's rollouts)",
+        "The student decodes each dataset prompt --rl_group_size times as the server would (diffusion mode by "
+        "default, --rl_rollout_mode), "
         "sampled; the answers are scored against the dataset's reference answers; the clipped policy-gradient "
         "loss uses group-normalised advantages and the trajectory log-probability of train/trajectory.py.",
     )
@@ -211,6 +212,13 @@ def _rl_flags(p: argparse.ArgumentParser) -> None:
     r.add_argument("--rl_group_size", type=int, default=8, help="rollouts per prompt, the GRPO group (default 8)")
     r.add_argument("--rl_prompts_per_step", type=int, default=2, help="prompts per rank per rollout batch (default 2)")
     r.add_argument("--rl_updates_per_batch", type=int, default=1, help="optimizer steps per rollout batch (default 1)")
+    r.add_argument(
+        "--rl_rollout_mode",
+        choices=["diffusion", "self-spec", "causal"],
+        default="diffusion",
+        help="decode mode of the rollouts (default diffusion: the canvas states' log-probs train the drafting "
+        "rows; self-spec and causal answers are the AR head's, so their AR log-probs train the clean rows)",
+    )
     r.add_argument("--rl_temperature", type=float, default=1.0, help="rollout sampling temperature (default 1)")
     r.add_argument("--rl_threshold", type=float, default=0.9, help="rollout commit threshold (default 0.9)")
     r.add_argument("--rl_max_new_tokens", type=int, default=128, help="rollout answer length cap (default 128)")
@@ -361,6 +369,13 @@ def _check_rl(args, bad) -> None:
     for flag in ("rl_group_size", "rl_prompts_per_step", "rl_updates_per_batch", "rl_max_new_tokens"):
         if getattr(args, flag) < 1:
             bad(f"--{flag}", f"must be >= 1, got {getattr(args, flag)}")
+    if args.rl_rollout_mode != "diffusion" and (args.draft_adapter or not args.ar_loss_weight > 0):
+        bad(
+            "--rl_rollout_mode",
+            f"{args.rl_rollout_mode} rollouts are answers of the AR head, which this run does not train (with "
+            "--ar_loss_weight 0 the clean stream is block-causal, with --draft_adapter it is the frozen base): "
+            "use diffusion rollouts, or train the AR head (--ar_loss_weight > 0, no --draft_adapter)",
+        )
     if args.rl_group_size < 2:
         bad("--rl_group_size", "needs >= 2 rollouts per prompt: advantages are relative to the group")
     if not args.rl_temperature > 0:

@@ -109,6 +109,7 @@ RESUME_MUST_MATCH = (
     "opd_states_per_block",
     "opd_slots",
     "rl_diffusion_rollout",
+    "rl_rollout_mode",
     "rl_group_size",
     "rl_prompts_per_step",
     "rl_updates_per_batch",
@@ -217,6 +218,7 @@ class RLSection:
     rl_group_size: int = 8  # rollouts per prompt (the GRPO group)
     rl_prompts_per_step: int = 2  # prompts per rank per rollout batch
     rl_updates_per_batch: int = 1  # optimizer steps per rollout batch
+    rl_rollout_mode: str = "diffusion"  # diffusion | self-spec | causal: the decode mode of the rollouts
     rl_temperature: float = 1.0  # rollout sampling temperature
     rl_threshold: float = 0.9  # rollout commit threshold
     rl_max_new_tokens: int = 128

@@ -2,8 +2,9 @@
 
 Every `--rl_updates_per_batch` optimizer steps each rank draws `--rl_prompts_per_step` prompts (a
 generator seeded by seed, rank and step, so a resumed run draws what the uninterrupted run drew), the
-student rolls each out `--rl_group_size` times with the serving engine's diffusion decoding (sampled at
-`--rl_temperature`), the answers are scored against the dataset's references (`train/rewards.py`), and
+student rolls each out `--rl_group_size` times with the serving engine's decoding (`--rl_rollout_mode`,
+diffusion by default; sampled at `--rl_temperature`), the answers are scored against the dataset's
+references (`train/rewards.py`), and
 the group-normalised advantages and the old policy's log-probabilities are fixed for the batch. Each
 optimizer step of the batch then backpropagates the clipped surrogate (`train/grpo.py`) through the
 student's training forward. Old and new log-probabilities come from the same function
@@ -80,7 +81,7 @@ class DiffusionRL:
         self.references = [reference_text(s, tokenizer) for s in samples]
         self.reward = load_reward(self.rl.rl_reward)
         self.reference = reference
-        self.decode = DecodeConfig(mode="diffusion", threshold=self.rl.rl_threshold)
+        self.decode = DecodeConfig(mode=self.rl.rl_rollout_mode, threshold=self.rl.rl_threshold)
         self.params = SamplingParams(temperature=self.rl.rl_temperature, max_tokens=self.rl.rl_max_new_tokens)
         self.batch: RolloutBatch | None = None
 

@@ -1,9 +1,12 @@
-"""Student rollouts for on-policy training: the serving engine's diffusion decoding, recorded.
+"""Student rollouts for on-policy training: the serving engine's decoding, recorded.
 
 Each prompt is decoded by the same decoders (`bdcore.decode.modes`) and runner as `serve.py --mode
-diffusion`, batched, KV-cached, under no-grad, with the model in eval mode; every forward's commits
-are recorded as `CommitStep`s (the canvas the forward saw, which slots it committed, with what
-log-probability), so a training forward can later revisit the exact states the student visited.
+diffusion` (or causal, or self-spec), batched, KV-cached, under no-grad, with the model in eval mode.
+In diffusion mode every forward's commits are recorded as `CommitStep`s (the canvas the forward saw,
+which slots it committed, with what log-probability), so a training forward can later revisit the exact
+states the student visited. Causal and self-spec answers are distributed as the AR head's own (self-spec
+is lossless), so each of their tokens is recorded as committed from the AR row before it, with the AR
+log-probability the decoder scored it with: the same trajectory function then gives the AR log-prob.
 
 Several ranks (FSDP2): every forward all-gathers parameters, so every rank must run the same number of
 forwards. Rollouts therefore run in lockstep: after each forward the ranks agree whether any of them
@@ -14,6 +17,7 @@ idle forwards on the ranks that finish first.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,7 +28,7 @@ from bdcore.decode.modes import CommitStep, DiffusionDecoder, Forward, make_deco
 from bdcore.decode.rows import Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, SequenceCache
+from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, SequenceCache, TokenLogprob
 
 
 @dataclass
@@ -39,6 +43,28 @@ class Rollout:
     def response(self) -> list[int]:
         """The answer as a training row holds it: with its stop token."""
         return self.tokens + ([self.stop_token] if self.stop_token is not None else [])
+
+
+class _ScoredAnswer(AnswerTokens):
+    """An answer that also keeps its stop token's AR log-probability: a trajectory scores the stop token
+    too (it is part of the training row's response)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.scored: list[TokenLogprob] = []
+
+    def push(self, new: list[int], logprobs: list[TokenLogprob] | None = None) -> bool:
+        before, stopped = len(self.tokens), self.stop_token is not None
+        done = super().push(new, logprobs)
+        taken = len(self.tokens) - before + (self.stop_token is not None and not stopped)
+        self.scored += (logprobs or [])[:taken]
+        return done
+
+    def steps(self, prompt_len: int) -> list[CommitStep]:
+        """Each answer token (and the stop token) as committed from the AR row before it."""
+        tokens = self.tokens + ([self.stop_token] if self.stop_token is not None else [])
+        assert [x.token for x in self.scored] == tokens, "the decoder scored every token it emitted"
+        return [CommitStep(prompt_len + i, None, [0], [x.token], [x.logprob]) for i, x in enumerate(self.scored)]
 
 
 def any_rank_active(active: bool) -> bool:
@@ -73,10 +99,11 @@ def rollout(
     seed: int = 0,
     sync: Callable[[bool], bool] = any_rank_active,
 ) -> list[Rollout]:
-    """Decode every prompt with the student (diffusion mode) and record its commits; one batched
-    forward per step over the prompts still decoding. Sampling seeds are `seed + index`."""
-    if decode.mode != "diffusion":
-        raise ValueError(f"on-policy rollouts decode in diffusion mode, not {decode.mode!r}")
+    """Decode every prompt with the student (`decode.mode`) and record its commits; one batched forward
+    per step over the prompts still decoding. Sampling seeds are `seed + index`."""
+    ar_mode = decode.mode != "diffusion"
+    if ar_mode:  # the decoder scores each emitted token with the AR head (what `logprobs` serves)
+        params = dataclasses.replace(params, logprobs=0)
     was_training = model.training
     model.eval()
     try:
@@ -84,12 +111,13 @@ def rollout(
         resolved = decode.resolve(bd_size)
         decoders, sinks = [], []
         for i, prompt in enumerate(prompts):
-            sink = AnswerTokens(stop_ids, params.max_tokens, DecodeStats())
+            sink = (_ScoredAnswer if ar_mode else AnswerTokens)(stop_ids, params.max_tokens, DecodeStats())
             gen = torch.Generator().manual_seed(seed + i)
             seq = Sequence(list(prompt), params, gen, sink, mask_id, stop_ids, block_causal=not clean_causal)
             decoder = make_decoder(resolved, seq)
-            assert isinstance(decoder, DiffusionDecoder)
-            decoder.trace = []
+            if not ar_mode:
+                assert isinstance(decoder, DiffusionDecoder)
+                decoder.trace = []
             decoders.append(decoder)
             sinks.append(sink)
         stand_in = SequenceCache()
@@ -101,7 +129,10 @@ def rollout(
             logits = runner.forward([(d.seq.cache, d.next_forward()) for d in active])
             for d, lg in zip(active, logits):
                 d.take(lg)
-        return [Rollout(list(p), s.tokens, s.stop_token, d.trace, s.stats) for p, s, d in zip(prompts, sinks, decoders)]
+        return [
+            Rollout(list(p), s.tokens, s.stop_token, s.steps(len(p)) if ar_mode else d.trace, s.stats)
+            for p, s, d in zip(prompts, sinks, decoders)
+        ]
     finally:
         model.train(was_training)
 
