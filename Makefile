@@ -48,15 +48,15 @@ demo: venv
 	@echo "block-diffusion checkpoint: $(DEMO_DIR)/bd/final  (block_diffusion.json inside)"
 
 # RL on the demo (after `make demo`): a short conversion (100 steps, under a minute) whose diffusion mode
-# at threshold 0.5 trails its causal mode, then 10 minutes of GRPO/DAPO on diffusion rollouts at that
-# threshold (reward = the exact answer), the same minutes of plain SFT from the same start as a baseline,
-# and accuracy per decode mode of all three side by side.
+# at threshold 0.5 trails its causal mode, then 2800 steps of GRPO/DAPO on diffusion rollouts at that
+# threshold (about 10 minutes on 2 cores; reward = the exact answer), the same minutes of plain SFT from the
+# same start as a baseline, and accuracy per decode mode of all three side by side.
 demo-rl: venv
 	$(PY) train.py --model_id $(DEMO_DIR)/ar/final --dataset $(DEMO_DIR)/kit/train.jsonl --bd_size 8 \
 		--ar_loss_weight 0.5 --pack --max_length 1024 --micro_batch_size 2 --max_steps 100 --lr 2e-3 --warmup 20 \
 		--log_every 50 --save_dir $(DEMO_DIR)/bd-short
 	$(PY) -m benchmark.rl_demo --start $(DEMO_DIR)/bd-short/final --data $(DEMO_DIR)/kit/train.jsonl \
-		--heldout $(DEMO_DIR)/kit/eval.jsonl --threshold 0.5 --minutes 10 --sft-baseline --out $(DEMO_DIR)/rl
+		--heldout $(DEMO_DIR)/kit/eval.jsonl --threshold 0.5 --steps 2800 --sft-baseline --out $(DEMO_DIR)/rl
 
 # Convert the real SmolLM2-135M-Instruct for a few steps: a smoke run on real weights.
 smoke-smollm2: venv

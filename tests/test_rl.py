@@ -145,11 +145,16 @@ RL = dict(
 
 
 @pytest.mark.e2e
-def test_reward_rises_on_a_task_the_start_model_fails(demo_kit, tmp_path):
-    """The reward is the share of digits in the answer; the untrained demo model rarely writes digits."""
+@pytest.mark.parametrize("mode", ["diffusion", "causal"])
+def test_reward_rises_on_a_task_the_start_model_fails(demo_kit, tmp_path, mode):
+    """The reward is the share of digits in the answer; the untrained demo model rarely writes digits. Causal
+    rollouts (`--rl_rollout_mode causal`) decode one token per forward and train the AR head."""
     run = tmp_path / "run"
-    run_train(train_args(demo_kit, run, max_steps=24, rl_token_level=True, rl_clip_high="0.28", **RL), timeout=600)
+    flags = dict(RL, max_steps=24, rl_token_level=True, rl_clip_high="0.28", rl_rollout_mode=mode)
+    run_train(train_args(demo_kit, run, **flags), timeout=600)
     m = read_metrics(run)
+    if mode == "causal":
+        assert all(r["rollout_tokens_per_forward"] == 1.0 for r in m.values())
     first = sum(m[s]["rl_reward"] for s in range(1, 5)) / 4
     last = sum(m[s]["rl_reward"] for s in range(21, 25)) / 4
     assert first < 0.3, f"the start model already solves it ({first:.2f})"
