@@ -145,18 +145,19 @@ RL = dict(
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("mode", ["diffusion", "causal"])
-def test_reward_rises_on_a_task_the_start_model_fails(demo_kit, tmp_path, mode):
+@pytest.mark.parametrize("mode,steps", [("diffusion", 24), ("causal", 36)])
+def test_reward_rises_on_a_task_the_start_model_fails(demo_kit, tmp_path, mode, steps):
     """The reward is the share of digits in the answer; the untrained demo model rarely writes digits. Causal
-    rollouts (`--rl_rollout_mode causal`) decode one token per forward and train the AR head."""
+    rollouts (`--rl_rollout_mode causal`) decode one token per forward and train the AR head; their reward
+    rises more slowly here (measured: about +0.15 in 24 steps, +0.35 in 36), so they get 36 steps."""
     run = tmp_path / "run"
-    flags = dict(RL, max_steps=24, rl_token_level=True, rl_clip_high="0.28", rl_rollout_mode=mode)
+    flags = dict(RL, max_steps=steps, rl_token_level=True, rl_clip_high="0.28", rl_rollout_mode=mode)
     run_train(train_args(demo_kit, run, **flags), timeout=600)
     m = read_metrics(run)
     if mode == "causal":
         assert all(r["rollout_tokens_per_forward"] == 1.0 for r in m.values())
     first = sum(m[s]["rl_reward"] for s in range(1, 5)) / 4
-    last = sum(m[s]["rl_reward"] for s in range(21, 25)) / 4
+    last = sum(m[s]["rl_reward"] for s in range(steps - 3, steps + 1)) / 4
     assert first < 0.3, f"the start model already solves it ({first:.2f})"
     assert last > first + 0.2, (first, last)
     for r in m.values():
