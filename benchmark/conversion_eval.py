@@ -112,6 +112,7 @@ def evaluate(checkpoint: Path, heldout: Heldout, *, max_tokens: int, threshold: 
 
     loaded = load_checkpoint(checkpoint)
     row = {"checkpoint": str(checkpoint), "ar_loss": ar_loss(loaded.model, heldout, loaded.mask_id)}
+    row["threshold"] = threshold  # the diffusion commit threshold every mode's engine was given
     causal_tokens = None
     for mode in MODES if loaded.sidecar is not None else ("causal",):  # a plain AR base: causal only
         engine = Engine(loaded, DecodeConfig(mode=mode, threshold=threshold))

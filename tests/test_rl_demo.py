@@ -32,6 +32,7 @@ def test_rl_demo_prints_before_and_after(demo_kit, tmp_path, capsys):
     assert saved["steps"] == max(2, int(0.6 / mean)), "sized by the calibration run"
     assert saved["rows"]["after RL"]["self-spec"]["same_as_causal"] == 1.0
     assert (tmp_path / "rl" / "rl" / "final" / "block_diffusion.json").is_file()
+    assert {row["threshold"] for row in saved["rows"].values()} == {0.5}, "evaluated at the rollouts' threshold"
     # the rollouts ran at the threshold the table evaluates
     assert json.loads((tmp_path / "rl" / "rl" / "run_config.json").read_text())["rl_threshold"] == 0.5
     # the SFT baseline started from the same checkpoint, sized by its own calibration to the RL run's wall time
