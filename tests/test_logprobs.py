@@ -30,11 +30,11 @@ def loaded(tmp_path_factory):
     return load_checkpoint(tiny_checkpoint(tmp_path_factory.mktemp("lp"), bd_size=4))
 
 
-def _ar_logprobs(loaded, prompt, answer) -> torch.Tensor:
-    """log p(answer[i] | prompt, answer[:i]) from one stock causal forward, `<|mask|>` banned."""
+def ar_logprobs(model, mask_id: int, prompt, answer) -> torch.Tensor:
+    """log p(answer[i] | prompt, answer[:i]) from one stock causal forward of `model`, `<|mask|>` banned."""
     with torch.no_grad():
-        logits = loaded.model(input_ids=torch.tensor([list(prompt) + answer])).logits[0].float()
-    logits[:, loaded.mask_id] = float("-inf")
+        logits = model(input_ids=torch.tensor([list(prompt) + answer])).logits[0].float()
+    logits[:, mask_id] = float("-inf")
     rows = logits[len(prompt) - 1 : len(prompt) - 1 + len(answer)].log_softmax(-1)
     return rows.gather(-1, torch.tensor(answer)[:, None]).squeeze(-1)
 
@@ -54,7 +54,7 @@ def test_causal_and_self_spec_report_the_ar_logprob_of_each_emitted_token(loaded
     for prompt in _prompts(loaded.tokenizer, 3, seed=2):
         g = engine.generate(prompt, params)
         assert [e.token for e in g.logprobs] == g.tokens and g.tokens
-        want = _ar_logprobs(loaded, prompt, g.tokens)
+        want = ar_logprobs(loaded.model, loaded.mask_id, prompt, g.tokens)
         torch.testing.assert_close(torch.tensor([e.logprob for e in g.logprobs]), want, atol=1e-4, rtol=1e-4)
         for e in g.logprobs:
             values = [lp for _, lp in e.top]

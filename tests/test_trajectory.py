@@ -23,6 +23,7 @@ from bdcore.tokens import end_of_turn_id, filler_id
 from inference.native.engine import Engine
 from inference.native.loading import load_checkpoint
 from tests.test_invariant_4_self_spec import _prompts
+from tests.test_logprobs import ar_logprobs
 from tests.tiny import tiny_checkpoint
 from train.config import BlockDiffusionConfig
 from train.model import TwoStreamLM
@@ -41,19 +42,20 @@ def loaded(request, tmp_path_factory):
     return loaded
 
 
-def _rollouts(loaded, decode, *, max_tokens=20, sync=None, prompts=None):
+def _rollouts(loaded, decode, *, max_tokens=20, sync=None, prompts=None, params=None, stop_ids=None, seed=0):
     sc = loaded.sidecar
     kwargs = {} if sync is None else {"sync": sync}
     return rollout(
         loaded.model,
         prompts or _prompts(loaded.tokenizer, len(MAX_TOKENS), seed=3),
         mask_id=loaded.mask_id,
-        stop_ids=loaded.stop_ids,
+        stop_ids=stop_ids or loaded.stop_ids,
         bd_size=sc.bd_size,
         decode=decode,
-        params=SamplingParams(max_tokens=max_tokens),
+        params=params or SamplingParams(max_tokens=max_tokens),
         clean_causal=sc.clean_causal,
         within_block_causal=sc.within_block_causal,
+        seed=seed,
         **kwargs,
     )
 
@@ -127,15 +129,6 @@ def test_lockstep_stand_in_forwards_leave_results_unchanged(loaded):
     assert len(forwards) == calls.count(True) + extra
 
 
-def _stock_ar_logprobs(stock, loaded, prompt, answer) -> torch.Tensor:
-    """log p(answer[i] | prompt, answer[:i]) from one stock causal forward, `<|mask|>` banned."""
-    with torch.no_grad():
-        logits = stock(input_ids=torch.tensor([list(prompt) + answer])).logits[0].float()
-    logits[:, loaded.mask_id] = float("-inf")
-    rows = logits[len(prompt) - 1 : len(prompt) - 1 + len(answer)].log_softmax(-1)
-    return rows.gather(-1, torch.tensor(answer)[:, None]).squeeze(-1)
-
-
 @pytest.mark.parametrize("mode", ["causal", "self-spec"])
 def test_ar_mode_rollouts_are_the_engines_and_score_the_ar_head(loaded, mode):
     """RL's `--rl_rollout_mode causal|self-spec`: the rollout decodes what the serving engine decodes in that
@@ -156,16 +149,7 @@ def test_ar_mode_rollouts_are_the_engines_and_score_the_ar_head(loaded, mode):
     stock = AutoModelForCausalLM.from_pretrained(loaded.source, dtype=torch.float32).eval()
     for temperature in (0.0, 1.0):
         params = SamplingParams(max_tokens=20, temperature=temperature)
-        got = rollout(
-            loaded.model,
-            prompts,
-            mask_id=loaded.mask_id,
-            stop_ids=stops,
-            bd_size=sc.bd_size,
-            decode=decode,
-            params=params,
-            seed=7,
-        )
+        got = _rollouts(loaded, decode, prompts=prompts, params=params, stop_ids=stops, seed=7)
         scored = trajectory_logprobs(lm, got, mask_id=loaded.mask_id, filler_id=filler)
         for i, (prompt, ro, logp) in enumerate(zip(prompts, got, scored)):
             want = engine.generate(prompt, SamplingParams(max_tokens=20, temperature=temperature, seed=7 + i))
@@ -175,7 +159,7 @@ def test_ar_mode_rollouts_are_the_engines_and_score_the_ar_head(loaded, mode):
             assert [(st.start, st.canvas, st.slots, st.tokens) for st in ro.steps] == [
                 (P + k, None, [0], [t]) for k, t in enumerate(ro.response)
             ]
-            reference = _stock_ar_logprobs(stock, loaded, prompt, ro.response)
+            reference = ar_logprobs(stock, loaded.mask_id, prompt, ro.response)
             torch.testing.assert_close(logp.detach(), reference, atol=2e-4, rtol=1e-4)
             recorded = torch.tensor([lp for st in ro.steps for lp in st.logprobs])
             torch.testing.assert_close(recorded, reference, atol=2e-4, rtol=1e-4)

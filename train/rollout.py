@@ -28,7 +28,7 @@ from bdcore.decode.modes import CommitStep, DiffusionDecoder, Forward, make_deco
 from bdcore.decode.rows import Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, SequenceCache, TokenLogprob
+from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, SequenceCache
 
 
 @dataclass
@@ -45,26 +45,11 @@ class Rollout:
         return self.tokens + ([self.stop_token] if self.stop_token is not None else [])
 
 
-class _ScoredAnswer(AnswerTokens):
-    """An answer that also keeps its stop token's AR log-probability: a trajectory scores the stop token
-    too (it is part of the training row's response)."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.scored: list[TokenLogprob] = []
-
-    def push(self, new: list[int], logprobs: list[TokenLogprob] | None = None) -> bool:
-        before, stopped = len(self.tokens), self.stop_token is not None
-        done = super().push(new, logprobs)
-        taken = len(self.tokens) - before + (self.stop_token is not None and not stopped)
-        self.scored += (logprobs or [])[:taken]
-        return done
-
-    def steps(self, prompt_len: int) -> list[CommitStep]:
-        """Each answer token (and the stop token) as committed from the AR row before it."""
-        tokens = self.tokens + ([self.stop_token] if self.stop_token is not None else [])
-        assert [x.token for x in self.scored] == tokens, "the decoder scored every token it emitted"
-        return [CommitStep(prompt_len + i, None, [0], [x.token], [x.logprob]) for i, x in enumerate(self.scored)]
+def _ar_steps(prompt_len: int, answer: AnswerTokens) -> list[CommitStep]:
+    """Each answer token (and the stop token) of a causal or self-spec answer as committed from the AR row
+    before it, with the AR log-probability the decoder scored it with."""
+    scored = answer.logprobs + ([answer.stop_logprob] if answer.stop_token is not None else [])
+    return [CommitStep(prompt_len + i, None, [0], [x.token], [x.logprob]) for i, x in enumerate(scored)]
 
 
 def any_rank_active(active: bool) -> bool:
@@ -111,7 +96,7 @@ def rollout(
         resolved = decode.resolve(bd_size)
         decoders, sinks = [], []
         for i, prompt in enumerate(prompts):
-            sink = (_ScoredAnswer if ar_mode else AnswerTokens)(stop_ids, params.max_tokens, DecodeStats())
+            sink = AnswerTokens(stop_ids, params.max_tokens, DecodeStats())
             gen = torch.Generator().manual_seed(seed + i)
             seq = Sequence(list(prompt), params, gen, sink, mask_id, stop_ids, block_causal=not clean_causal)
             decoder = make_decoder(resolved, seq)
@@ -130,7 +115,7 @@ def rollout(
             for d, lg in zip(active, logits):
                 d.take(lg)
         return [
-            Rollout(list(p), s.tokens, s.stop_token, s.steps(len(p)) if ar_mode else d.trace, s.stats)
+            Rollout(list(p), s.tokens, s.stop_token, _ar_steps(len(p), s) if ar_mode else d.trace, s.stats)
             for p, s, d in zip(prompts, sinks, decoders)
         ]
     finally:

@@ -72,6 +72,7 @@ class AnswerTokens:
         self.stop_token: int | None = None  # the stop token that ended the answer
         self.finish: str | None = None  # "stop" | "length"
         self.logprobs: list[TokenLogprob] = []  # one per answer token, when the decoder scores them
+        self.stop_logprob: TokenLogprob | None = None  # the stop token's (a rollout's trajectory scores it)
 
     def push(self, new: list[int], logprobs: list[TokenLogprob] | None = None) -> bool:
         stop = first_stop(new, self.stop_ids)
@@ -90,6 +91,8 @@ class AnswerTokens:
         self.tokens += new[:kept]
         if logprobs is not None:
             self.logprobs += logprobs[:kept]
+            if self.finish == "stop":  # this push stopped the answer (none follows a finished one)
+                self.stop_logprob = logprobs[kept]
         return self.finish is not None
 
 
