@@ -1,0 +1,71 @@
+"""OPD's revisited states (`train.opd.choose_states`): `per_block` of each block's recorded canvases, drawn
+uniformly at random, every seed kept. Always revisiting a block's first state (its all-masked canvas)
+would train the student only on the state it sees first and never on the partly filled canvases it
+commits most tokens from; the KL tests revisit whatever was chosen, so they cannot tell."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from bdcore.decode.config import DecodeConfig
+from bdcore.decode.sampling import SamplingParams
+from inference.native.loading import load_checkpoint
+from tests.test_invariant_4_self_spec import _prompts
+from tests.tiny import tiny_checkpoint
+from train.opd import choose_states
+from train.rollout import rollout
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """Greedy rollouts at a high threshold: one slot a step, so every block has several canvas states."""
+    loaded = load_checkpoint(tiny_checkpoint(tmp_path_factory.mktemp("opd_states"), bd_size=4))
+    return rollout(
+        loaded.model,
+        _prompts(loaded.tokenizer, 2, seed=2),
+        mask_id=loaded.mask_id,
+        stop_ids=loaded.stop_ids,
+        bd_size=4,
+        decode=DecodeConfig(mode="diffusion", threshold=0.99),
+        params=SamplingParams(max_tokens=12),
+    )
+
+
+def _states_by_block(ro) -> dict[int, list[int]]:
+    """Per block start, the ids of its canvas states in decode order."""
+    by_block: dict[int, list[int]] = {}
+    for step in ro.steps:
+        if step.canvas is not None:
+            by_block.setdefault(step.start, []).append(id(step))
+    return by_block
+
+
+def test_each_state_of_a_block_is_revisited_equally_often(recorded):
+    gen = torch.Generator().manual_seed(0)  # one generator across draws, as the trainer's step generator
+    n = 600
+    for ro in recorded:
+        blocks = _states_by_block(ro)
+        assert max(len(v) for v in blocks.values()) >= 3, "blocks with several states (the test has a choice)"
+        seen = {start: Counter() for start in blocks}
+        for _ in range(n):
+            chosen = choose_states(ro, 1, gen)
+            assert [s for s in chosen.steps if s.canvas is None] == [s for s in ro.steps if s.canvas is None]
+            got = _states_by_block(chosen)
+            assert got.keys() == blocks.keys() and all(len(v) == 1 for v in got.values())
+            for start, (state,) in got.items():
+                seen[start][blocks[start].index(state)] += 1
+        for start, states in blocks.items():
+            for place in range(len(states)):  # uniform over the block's states: 1/k each
+                assert abs(seen[start][place] / n - 1 / len(states)) < 0.08, (start, seen[start])
+
+
+def test_several_states_per_block_are_distinct_and_zero_keeps_all(recorded):
+    gen = torch.Generator().manual_seed(1)
+    for ro in recorded:
+        blocks = _states_by_block(ro)
+        chosen = _states_by_block(choose_states(ro, 2, gen))
+        for start, states in blocks.items():
+            assert len(set(chosen[start])) == min(2, len(states))
+            assert [states.index(s) for s in chosen[start]] == sorted(states.index(s) for s in chosen[start])
+        assert choose_states(ro, 0, gen).steps == ro.steps
