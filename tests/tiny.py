@@ -108,14 +108,15 @@ def tiny_checkpoint(
     clean_causal: bool = True,
     within_block_causal: bool = False,
     shift: bool = True,
+    tokenizer=None,
 ):
-    """A servable block-diffusion checkpoint: tiny random model, char tokenizer, <|mask|>, sidecar.
-    `shift=False`: an unshifted (single-stream) one, whose clean stream is block-causal."""
+    """A servable block-diffusion checkpoint: tiny random model, char tokenizer (or `tokenizer`), <|mask|>,
+    sidecar. `shift=False`: an unshifted (single-stream) one, whose clean stream is block-causal."""
     from bdcore.sidecar import Sidecar, write_sidecar
     from data.toy_tokenizer import build_char_tokenizer
     from train.special_tokens import add_mask_token
 
-    tok = build_char_tokenizer()
+    tok = tokenizer if tokenizer is not None else build_char_tokenizer()
     model = (
         tiny_hybrid_model(seed=seed, vocab=len(tok))
         if arch == "qwen3_5"

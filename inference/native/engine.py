@@ -79,8 +79,9 @@ class TextOutput(AnswerTokens):
         return Generation(self.tokens, self.text, self.finish or "length", self.stats, logprobs)
 
     def _held_back(self) -> int:
-        """Length of the text's tail that could still grow into a stop string (not streamed yet)."""
-        hold = 0
+        """Length of the text's tail that could still grow into a stop string, or into the character a
+        trailing U+FFFD stands for while its UTF-8 bytes are incomplete (not streamed yet)."""
+        hold = len(self.text) - len(self.text.rstrip("\ufffd"))
         for s in self.params.stop:
             for n in range(min(len(s) - 1, len(self.text)), hold, -1):
                 if self.text.endswith(s[:n]):

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from inference.native.engine import Cancelled
 from inference.server.prepare import PreparedRequest, prepare
 from inference.server.protocol import CLIENT_CLOSED, APIError, internal_error
-from inference.server.responses import ReplyBuilder, logprobs_field, usage
+from inference.server.responses import ReplyBuilder, answer_logprobs, usage
 from inference.server.streaming import sse_events
 from inference.server.tool_calls import split_calls
 
@@ -66,7 +66,5 @@ async def reply_in_full(
     state.metrics.record(req.kind, req.decode.mode, 200, prompt_tokens=n_prompt, stats=gen.stats, latency=latency)
     content, calls = split_calls(req.prefix + gen.text, req.tools)
     finish = "tool_calls" if calls else gen.finish_reason
-    logprobs = None
-    if gen.logprobs is not None:
-        logprobs = logprobs_field(req.kind, gen.logprobs, state.loaded.tokenizer)
+    logprobs = None if gen.logprobs is None else answer_logprobs(req.kind, gen.logprobs, state.loaded.tokenizer)
     return JSONResponse(reply.full(content, calls, finish, usage(n_prompt, gen.stats), logprobs))

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 import uuid
 
+from inference.server.token_text import TokenPiece, TokenText
+
 _OBJECTS = {"chat": ("chat.completion", "chat.completion.chunk"), "completion": ("text_completion", "text_completion")}
 _ID_PREFIXES = {"chat": "chatcmpl", "completion": "cmpl"}
 
@@ -50,32 +52,31 @@ class ReplyBuilder:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices, **extra}
 
 
-def logprobs_field(kind: str, entries, tokenizer, text_offset: int = 0) -> dict:
-    """OpenAI's `logprobs` of a choice for answer-token entries (`bdcore.decode.sequence.TokenLogprob`):
+def logprobs_field(kind: str, pieces: list[TokenPiece]) -> dict:
+    """OpenAI's `logprobs` of a choice for answer tokens with their share of the text (token_text.py):
     chat `{"content": [{token, logprob, bytes, top_logprobs}]}`, completions `{tokens, token_logprobs,
-    top_logprobs, text_offset}` (offsets count from `text_offset`, the text already sent)."""
-
-    def piece(token_id: int) -> str:  # as the reply's text shows it: special tokens are not shown
-        return tokenizer.decode([token_id], skip_special_tokens=True)
-
+    top_logprobs, text_offset}` (offsets in characters of the reply's text)."""
     if kind == "chat":
         content = []
-        for e in entries:
-            text = piece(e.token)
-            top = [{"token": piece(t), "logprob": lp, "bytes": list(piece(t).encode())} for t, lp in e.top]
-            content.append({"token": text, "logprob": e.logprob, "bytes": list(text.encode()), "top_logprobs": top})
+        for p in pieces:
+            top = [{"token": s, "logprob": lp, "bytes": list(s.encode())} for s, lp in p.top]
+            content.append(
+                {"token": p.text, "logprob": p.entry.logprob, "bytes": list(p.text.encode()), "top_logprobs": top}
+            )
         return {"content": content}
-    tokens, offsets, at = [], [], text_offset
-    for e in entries:
-        tokens.append(piece(e.token))
-        offsets.append(at)
-        at += len(tokens[-1])
     return {
-        "tokens": tokens,
-        "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{piece(t): lp for t, lp in e.top} for e in entries],
-        "text_offset": offsets,
+        "tokens": [p.text for p in pieces],
+        "token_logprobs": [p.entry.logprob for p in pieces],
+        "top_logprobs": [dict(p.top) for p in pieces],
+        "text_offset": [p.offset for p in pieces],
     }
+
+
+def answer_logprobs(kind: str, entries, tokenizer) -> dict:
+    """`logprobs` of a whole reply."""
+    text = TokenText(tokenizer)
+    text.add(entries)
+    return logprobs_field(kind, text.take(final=True))
 
 
 def usage(prompt_tokens: int, stats) -> dict:

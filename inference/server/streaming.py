@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from inference.native.engine import Cancelled, Generation
 from inference.server.protocol import CLIENT_CLOSED, ToolRequest, internal_error
 from inference.server.responses import ReplyBuilder, logprobs_field, usage
+from inference.server.token_text import TokenText
 from inference.server.tool_calls import content_before_tool_call, split_calls
 
 if TYPE_CHECKING:
@@ -116,23 +117,18 @@ def _decode(state: ServerState, req: PreparedRequest, cancel: threading.Event, p
 
 class PendingLogprobs:
     """Answer-token log-probabilities decoded but not sent yet: they ride on the next content chunk (the
-    tokens run ahead of the text while a stop string or tool call may be forming)."""
+    tokens run ahead of the text while a stop string or tool call may be forming; a token whose character
+    is still incomplete waits for the token that completes it)."""
 
     def __init__(self, kind: str, tokenizer):
-        self.kind, self.tokenizer = kind, tokenizer
-        self.entries, self.offset = [], 0
+        self.kind, self.text = kind, TokenText(tokenizer)
 
     def add(self, entries) -> None:
-        self.entries += entries
+        self.text.add(entries)
 
-    def take(self) -> dict | None:
-        if not self.entries:
-            return None
-        field = logprobs_field(self.kind, self.entries, self.tokenizer, self.offset)
-        if self.kind == "completion":  # only completions carry text offsets
-            self.offset += sum(len(t) for t in field["tokens"])
-        self.entries = []
-        return field
+    def take(self, final: bool = False) -> dict | None:
+        pieces = self.text.take(final)
+        return logprobs_field(self.kind, pieces) if pieces else None
 
 
 def _closing_chunks(
@@ -141,7 +137,7 @@ def _closing_chunks(
     deltas, finish = held.finish(gen)
     for delta in deltas:
         yield reply.chunk(delta, logprobs=scores.take())
-    yield reply.chunk({}, finish, logprobs=scores.take())
+    yield reply.chunk({}, finish, logprobs=scores.take(final=True))
     if req.include_usage:
         yield reply.usage_chunk(usage(len(req.prompt_ids), gen.stats))
 
