@@ -4,6 +4,7 @@
 - `attention_rule.py`: the one definition of who attends to whom (docs/design.md section 3), used by the
   training rows and by every decode forward of the native engine;
 - `tokens.py`: which ids are `<|mask|>`, end-of-turn and the block filler;
+- `scoring.py`: answer scoring, one definition for evaluation and RL rewards;
 - `gated_delta.py`: the q/k conventions and chunk math of gated-delta layers (trainer op and engine
   recurrence); `gated_delta_reference.py`: their slow per-token references (tests, benchmark);
 - `decode/`: the decode core: modes, rules, rows, sequences, the runner (see its __init__).

@@ -22,7 +22,7 @@ so a draft adapter directory is a stock peft LoRA adapter over the stock base ch
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -144,6 +144,30 @@ def draft_rows(model, rows: torch.Tensor):
     """Run forwards of `model` with the draft adapter on at `rows` (bool [B, T]) only; a no-op for a model
     without a draft adapter."""
     return _gate_set(model, "rows", rows)
+
+
+def recompute_context(model):
+    """`context_fn` for non-reentrant activation checkpointing (`torch.utils.checkpoint`): a layer that
+    backward recomputes runs with the gate its forward ran with. The `draft_rows` context has exited by
+    then; without this the recomputed adapter would not know which rows draft."""
+    gate = draft_gate(model)
+
+    def context_fn():
+        if gate is None:
+            return nullcontext(), nullcontext()
+        return nullcontext(), _gate_as(gate, gate.rows, gate.batch_row)  # read now, at the forward
+
+    return context_fn
+
+
+@contextmanager
+def _gate_as(gate: DraftGate, rows, batch_row):
+    previous = gate.rows, gate.batch_row
+    gate.rows, gate.batch_row = rows, batch_row
+    try:
+        yield
+    finally:
+        gate.rows, gate.batch_row = previous
 
 
 def one_batch_row(module, b: int):

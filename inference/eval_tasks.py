@@ -18,6 +18,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from bdcore.scoring import exact_match, gsm8k_reference, last_number, numbers_match, strict_number
+
 LETTERS = "ABCDEFGHIJ"
 
 
@@ -29,37 +31,33 @@ class Problem:
     meta: dict = field(default_factory=dict)
 
 
-def _number(text: str) -> str | None:
-    text = text.replace(",", "").replace("$", "").strip().rstrip(".")
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return str(int(value)) if value.is_integer() else str(value)
-
-
 class GSM8K:
     name = "gsm8k"
     hub = ("openai/gsm8k", "main", "test")
     instruction = "Solve the problem step by step. Write the final answer as a number after '####'."
 
     def problem(self, i: int, row: dict) -> Problem:
-        ref = _number(row["answer"].split("####")[-1])
+        ref = gsm8k_reference(row["answer"])
         msgs = [{"role": "user", "content": f"{row['question']}\n{self.instruction}"}]
         return Problem(str(row.get("id", i)), msgs, ref)
 
     def score(self, p: Problem, text: str) -> dict:
-        strict = re.search(r"####\s*(-?[\d,]*\.?\d+)", text)
-        nums = re.findall(r"-?[\d,]*\.?\d+", text)
-        strict_ans = _number(strict.group(1)) if strict else None
-        flex_ans = _number(nums[-1]) if nums else None
-        return {"correct": flex_ans == p.reference, "strict_correct": strict_ans == p.reference, "extracted": flex_ans}
+        flex_ans = last_number(text)
+        if p.reference is None:  # the row's answer holds no number: reported as invalid, never scored
+            return {"correct": False, "strict_correct": False, "extracted": flex_ans, "invalid": True}
+        return {
+            "correct": numbers_match(flex_ans, p.reference),
+            "strict_correct": numbers_match(strict_number(text), p.reference),
+            "extracted": flex_ans,
+        }
 
     def aggregate(self, scores: list[dict]) -> dict:
-        n = max(1, len(scores))
+        valid = [s for s in scores if not s.get("invalid")]
+        n = max(1, len(valid))
         return {
-            "accuracy": sum(s["correct"] for s in scores) / n,
-            "strict_accuracy": sum(s["strict_correct"] for s in scores) / n,
+            "accuracy": sum(s["correct"] for s in valid) / n,
+            "strict_accuracy": sum(s["strict_correct"] for s in valid) / n,
+            "invalid": len(scores) - len(valid),  # rows whose reference has no number: out of the accuracy
         }
 
 
@@ -147,7 +145,7 @@ class ChatExact:
         return Problem(str(row.get("id", i)), msgs[:-1], msgs[-1]["content"], {"task": row.get("task", "")})
 
     def score(self, p: Problem, text: str) -> dict:
-        return {"correct": text.strip() == p.reference.strip(), "group": p.meta.get("task", "")}
+        return {"correct": exact_match(text, p.reference), "group": p.meta.get("task", "")}
 
     def aggregate(self, scores: list[dict]) -> dict:
         groups: dict[str, list[bool]] = {}

@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,26 @@ def run_train(args: list[str], *, nproc: int = 1, timeout: int = 300) -> subproc
     if proc.returncode != 0:
         raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+@contextlib.contextmanager
+def in_process_trainer(args: list[str]):
+    """A `train.trainer.Trainer` built in this process from train.py's argv (a one-rank gloo group, torn
+    down after, with the environment variables it set)."""
+    import torch.distributed as dist
+
+    from train.cli import parse_args
+    from train.config import JobConfig
+    from train.trainer import Trainer
+
+    env = dict(os.environ)
+    try:
+        yield Trainer(JobConfig.from_args(parse_args(args)))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(env)
 
 
 def read_metrics(run: Path) -> dict[int, dict]:

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -
 FLAGS = (
     "--model_id --dataset --bd_size --ar_loss_weight --ar_only --within_block_causal --loss_weighting --views "
     "--max_length --max_response_length --length_buckets --pack --multiturn --micro_batch_size --grad_accum "
-    "--max_steps --lr --warmup --lr_min_ratio --weight_decay --grad_clip --seed --save_dir --save_every "
+    "--max_steps --lr --warmup --lr_min_ratio --weight_decay --grad_clip --max_nonfinite_steps --seed --save_dir "
+    "--save_every "
     "--resume --allow_schedule_change --log_every --activation_checkpointing --activation_offload --fused_ce "
     "--compile --dtype "
     "--trust_remote_code --wandb --tensorboard"
@@ -63,6 +64,9 @@ BASE = ["--model_id", "m", "--dataset", "d.jsonl", "--save_dir", "out"]
         (["--lora_rank", "4", "--ar_only"], "--lora_rank"),
         (["--lora_rank", "4", "--draft_adapter", "--ar_loss_weight", "0.5"], "--ar_loss_weight"),
         (["--lora_rank", "4", "--draft_adapter", "--within_block_causal"], "--within_block_causal"),
+        (["--max_nonfinite_steps", "0"], "--max_nonfinite_steps"),
+        # a block-causal clean stream (--ar_loss_weight 0) sees what its AR rows would predict
+        (["--opd_on_policy", "--ar_loss_weight", "0", "--opd_ar_weight", "0.5"], "--opd_ar_weight"),
     ],
 )
 def test_bad_values_name_the_flag(extra, flag):
@@ -81,6 +85,10 @@ def test_derived_values():
     draft = JobConfig.from_args(parse_args(BASE + ["--lora_rank", "8", "--draft_adapter"]))
     assert draft.diffusion.ar_loss_weight == 0.0 and draft.diffusion.clean_causal  # the base's causal stream
     assert draft.lora.spec().draft_only and draft.resume_flags()["draft_adapter"]
+    opd = ["--opd_on_policy"]
+    assert parse_args(BASE + opd).opd_ar_weight == 1.0
+    assert parse_args(BASE + opd + ["--ar_loss_weight", "0"]).opd_ar_weight == 0.0  # no KL on a leak
+    assert parse_args(BASE + opd + ["--lora_rank", "8", "--draft_adapter"]).opd_ar_weight == 1.0  # causal base
 
 
 def test_job_config_places_every_flag_in_one_section():

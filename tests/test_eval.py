@@ -24,7 +24,7 @@ def test_gsm8k_scoring_right_and_wrong():
     assert not task.score(p[1], "#### 35")["correct"] and not task.score(p[3], "no idea")["correct"]
     assert task.score(p[1], "#### $36.00")["correct"]
     agg = task.aggregate([task.score(p[0], "#### 7"), task.score(p[1], "#### 1")])
-    assert agg == {"accuracy": 0.5, "strict_accuracy": 0.5}
+    assert agg == {"accuracy": 0.5, "strict_accuracy": 0.5, "invalid": 0}
 
 
 def test_mmlu_pro_scoring_right_and_wrong():

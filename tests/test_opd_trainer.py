@@ -2,22 +2,19 @@
 serving engine on the same weights; runs report the OPD metrics; ranks with rollouts of different
 lengths stay in lockstep; a resumed run continues the uninterrupted one exactly."""
 
-import os
+import subprocess
+import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
 from inference.native.engine import Engine
 from inference.native.loading import load_checkpoint
-from tests.conftest import read_metrics, run_train
+from tests.conftest import REPO, in_process_trainer, read_metrics, run_train
 from tests.train_args import train_args
-from train.cli import parse_args
-from train.config import JobConfig
 from train.rollout import student_rollouts
-from train.trainer import Trainer
 
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
 
@@ -26,11 +23,8 @@ OPD = dict(opd_on_policy=True, opd_prompts_per_step=2, opd_max_new_tokens=12, lr
 
 @pytest.mark.parametrize("kit", ["demo_kit", "hybrid_kit"])
 def test_trainer_rollouts_equal_the_engine_on_the_same_weights(kit, request, tmp_path):
-    env = dict(os.environ)
     kit = request.getfixturevalue(kit)
-    try:
-        config = JobConfig.from_args(parse_args(train_args(kit, tmp_path / "run", max_steps=2, **OPD)))
-        trainer = Trainer(config)
+    with in_process_trainer(train_args(kit, tmp_path / "run", max_steps=2, **OPD)) as trainer:
         trainer.train_step()  # the student moves away from its starting weights first
         saved = trainer.save("after_one_step")
         prompts = trainer.opd.prompts[:4]
@@ -50,11 +44,6 @@ def test_trainer_rollouts_equal_the_engine_on_the_same_weights(kit, request, tmp
             assert ro.tokens == want.tokens and ro.stats.forwards == want.stats.forwards
         # the training forward still works after a rollout (gated-delta layers, attention restored)
         trainer.train_step()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        os.environ.clear()
-        os.environ.update(env)
 
 
 def test_two_ranks_sampled_rollouts_stay_in_lockstep_and_report_metrics(demo_kit, tmp_path):
@@ -86,3 +75,26 @@ def test_opd_resume_continues_the_same_run(demo_kit, tmp_path):
     final_b = load_checkpoint(resumed / "final").model.state_dict()
     for k in final_a:
         torch.testing.assert_close(final_b[k], final_a[k], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("differs", ["width", "tokenizer"])
+def test_a_teacher_of_another_vocabulary_is_refused_at_load(demo_kit, tmp_path, differs):
+    """A teacher that scores other ids than the student's tokenizer is refused before any step, by name."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    teacher = AutoModelForCausalLM.from_pretrained(demo_kit / "base_model")
+    tok = AutoTokenizer.from_pretrained(demo_kit / "base_model")
+    if differs == "width":  # more output rows than the student has, even after its <|mask|>
+        teacher.resize_token_embeddings(teacher.config.vocab_size + 8, mean_resizing=False)
+    else:  # same rows, but the id after the real tokens is another token than the student's
+        tok.add_tokens(["<|extra|>"], special_tokens=True)
+    teacher.save_pretrained(tmp_path / "teacher")
+    tok.save_pretrained(tmp_path / "teacher")
+    run = tmp_path / "run"
+    args = train_args(demo_kit, run, max_steps=1, opd_teacher=tmp_path / "teacher", **OPD)
+    proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("train.py: error: --opd_teacher: ") and str(tmp_path / "teacher") in last, last
+    assert ("more than the student's" if differs == "width" else "'<|extra|>'") in last, last
+    assert not list(run.glob("step_*")) and not (run / "final").exists()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bdcore.draft_adapter import add_lora
+from bdcore.draft_adapter import add_lora, recompute_context
 from bdcore.gated_delta import is_hybrid
 from train.config import FlagError, JobConfig, first_line
 from train.data import DataError, DataStats, load_samples
@@ -197,7 +197,9 @@ def build_model(config: JobConfig, info: DistInfo, tokens: TokenizerParts) -> tu
         if lora is not None:
             add_lora(model, lora, mask_id)
         if efficiency.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # a draft adapter's recomputed layers need the gate their forward ran with (recompute_context)
+            kwargs = {"use_reentrant": False, "context_fn": recompute_context(model)}
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         fused = liger_available() if efficiency.fused_ce == "auto" else efficiency.fused_ce == "on"
         return TwoStreamLM(model, config.diffusion, fused_ce=fused, router_aux_coef=router_aux)
 

@@ -155,7 +155,9 @@ def save_checkpoint(
     save_dtype,
     before_commit=None,
 ) -> Path:
-    """Write `run_dir/name` atomically (collective: every rank calls it). Returns the final path."""
+    """Write `run_dir/name` atomically (collective: every rank calls it). Returns the final path.
+    Weights that hold NaN or inf are never written (FlagError on every rank, nothing on disk changes)."""
+    check_finite_weights(model, info, name)
     final, tmp, _ = _copies(run_dir, name)
     if info.is_main:
         _heal(run_dir, name)
@@ -176,6 +178,24 @@ def save_checkpoint(
         _commit(run_dir, name, {**trainer_state, "world_size": info.world_size})
     dist.barrier()
     return final
+
+
+def check_finite_weights(model, info: DistInfo, name: str) -> None:
+    """Collective: every rank checks its shards, and all ranks raise together, so none waits in a save."""
+    bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(_local(p.detach())).all())]
+    count = torch.tensor([len(bad)], dtype=torch.float64, device=info.device)
+    dist.all_reduce(count)
+    if count.item() > 0:
+        example = f" (e.g. {bad[0]})" if bad else ""
+        raise FlagError(
+            f"saving {name}",
+            f"{int(count.item())} parameter shards hold NaN or inf{example}; nothing was written and the previous "
+            "checkpoint stays the latest; lower --lr or --grad_clip, or check the data and --rl_reward",
+        )
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def resolve_resume(path: str | os.PathLike) -> Path:
@@ -240,6 +260,7 @@ class ResumePoint:
     step: int  # optimizer steps done
     data_position: int  # global rows consumed
     schedule_changes: dict  # {flag: [old, new]}, allowed only with --allow_schedule_change
+    skipped_steps: int = 0  # steps whose non-finite update was never applied
 
 
 def check_resume(config: JobConfig) -> ResumePoint | None:
@@ -267,7 +288,7 @@ def check_resume(config: JobConfig) -> ResumePoint | None:
             f"{ckpt} was written with another lr schedule ({listed(schedule)}); resume with its values, or add "
             f"--allow_schedule_change to follow the new schedule from step {state['step']}",
         )
-    return ResumePoint(ckpt, state["step"], state["data_position"], schedule)
+    return ResumePoint(ckpt, state["step"], state["data_position"], schedule, state.get("skipped_steps", 0))
 
 
 def sidecar_for(config: JobConfig, mask_id: int, global_step: int) -> Sidecar | None:

@@ -128,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--lr_min_ratio", type=float, default=0.1, help="cosine floor as a fraction of --lr")
     o.add_argument("--weight_decay", type=float, default=0.0)
     o.add_argument("--grad_clip", type=float, default=1.0, help="global gradient-norm clip (0 disables)")
+    o.add_argument(
+        "--max_nonfinite_steps",
+        type=int,
+        default=3,
+        help="a step whose loss or gradient norm is NaN or inf is skipped (no update; counted as skipped_steps in "
+        "metrics.jsonl); this many in a row stop the run with an error (default 3)",
+    )
     o.add_argument("--seed", type=int, default=0, help="data order and noise seed")
 
     s = p.add_argument_group("checkpoints and logs")
@@ -184,8 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--opd_ar_weight",
         type=float,
-        default=1.0,
-        help="weight of the AR-row KL, which keeps the AR head (the self-spec verifier) on the teacher (default 1)",
+        default=None,
+        help="weight of the AR-row KL, which keeps the AR head (the self-spec verifier) on the teacher (default 1 "
+        "when the clean stream is causal: --ar_loss_weight > 0 or --draft_adapter; else 0, and > 0 is refused: "
+        "a block-causal clean row sees the token it would be asked to predict)",
     )
     o.add_argument(
         "--opd_sft_weight", type=float, default=0.0, help="weight of two-stream SFT on dataset rows (default 0)"
@@ -258,7 +267,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         bad("--views", "use >= 1 (2 is the default), or --ar_only for plain AR SFT")
     if args.ar_only and args.within_block_causal:
         bad("--within_block_causal", "has no meaning with --ar_only (there are no noised blocks); drop one")
-    for flag in ("max_length", "micro_batch_size", "grad_accum", "max_steps", "log_every"):
+    for flag in ("max_length", "micro_batch_size", "grad_accum", "max_steps", "log_every", "max_nonfinite_steps"):
         if getattr(args, flag) < 1:
             bad(f"--{flag}", f"must be >= 1, got {getattr(args, flag)}")
     if not args.ar_only and args.max_length < 2 * args.bd_size:
@@ -344,8 +353,20 @@ def _check_lora(args, bad) -> None:
 
 
 def _check_opd(args, bad) -> None:
+    # With --ar_loss_weight 0 (no draft adapter) the clean stream is block-causal: its row P-1+j attends
+    # to the rest of its block, so a KL there would train on a leak of the answer.
+    causal_clean = args.ar_loss_weight > 0 or args.draft_adapter
+    given = args.opd_ar_weight
+    args.opd_ar_weight = (1.0 if causal_clean else 0.0) if given is None else given
     if not args.opd_on_policy:
         return
+    if given is not None and given > 0 and not causal_clean:
+        bad(
+            "--opd_ar_weight",
+            f"{given} trains the clean stream's AR rows, but with --ar_loss_weight 0 they are block-causal and see "
+            "the tokens they would predict; drop --opd_ar_weight (0 is the default here), or keep the clean stream "
+            "causal with --ar_loss_weight > 0",
+        )
     if args.ar_only:
         bad("--opd_on_policy", "distils a block-diffusion student; it has no meaning with --ar_only")
     for flag in ("opd_max_new_tokens", "opd_prompts_per_step"):

@@ -151,6 +151,7 @@ class OptimSection:
     lr_min_ratio: float = 0.1
     weight_decay: float = 0.0
     grad_clip: float = 1.0  # 0 disables clipping
+    max_nonfinite_steps: int = 3  # a non-finite step is skipped; this many in a row stop the run
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ class OPDSection:
     opd_prompts_per_step: int = 4  # rollouts per rank per optimizer step
     opd_states_per_block: int = 1  # canvas states revisited per block (0: every one)
     opd_slots: str = "committed"  # KL at the slots a revisited state committed, or at every slot it masked
-    opd_ar_weight: float = 1.0  # weight of the KL on the clean stream's AR rows
+    opd_ar_weight: float = 1.0  # weight of the KL on the clean stream's AR rows (0 where they are block-causal)
     opd_sft_weight: float = 0.0  # weight of the two-stream SFT loss on dataset rows (0: OPD alone)
 
 

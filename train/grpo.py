@@ -11,7 +11,8 @@ where a token's log-probability is `train.trajectory.trajectory_logprobs` (the s
 token in the state it was committed from) for the new policy and the old one alike, so on the first
 update of a rollout batch the ratio is exactly 1. DAPO's clip-higher is `clip_high > clip_low`; its
 token-level normalisation averages over every token of the batch (`token_level=True`), GRPO's averages
-each trajectory's tokens first, then the trajectories. An optional KL to a frozen reference policy (the
+each trajectory's tokens first, then the trajectories; under data parallelism the batch is every rank's
+(`global_norm`), as the SFT losses are normalised. An optional KL to a frozen reference policy (the
 k3 estimator, per token) is added with `kl_weight`.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
@@ -52,6 +54,20 @@ def select_rollouts(rewards: torch.Tensor, group_size: int, *, dynamic: bool) ->
     return keep, advantages[keep], groups_kept
 
 
+def global_norm(new_logp: list[torch.Tensor], *, token_level: bool) -> float:
+    """`policy_loss`'s `norm` under data parallelism: the tokens (token-level) or trajectories of every rank's
+    batch, divided by the world size. Each rank's loss is then its share of the global mean, and the
+    average of gradients over ranks (FSDP's reduce) is the gradient of that mean: a rank with short answers
+    does not weigh its tokens more. Collective when a process group is up."""
+    local = sum(x.numel() for x in new_logp) if token_level else len(new_logp)
+    if not (dist.is_available() and dist.is_initialized()):
+        return float(local)
+    device = new_logp[0].device if new_logp else torch.device("cpu")
+    total = torch.tensor([float(local)], dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return float(total) / dist.get_world_size()
+
+
 @dataclass
 class PolicyLoss:
     loss: torch.Tensor
@@ -72,9 +88,12 @@ def policy_loss(
     token_level: bool,
     ref_logp: list[torch.Tensor] | None = None,
     kl_weight: float = 0.0,
+    norm: float | None = None,
 ) -> PolicyLoss:
     """The clipped surrogate (plus `kl_weight` x KL to the reference) over trajectories; `new_logp` carries
-    the gradient, `old_logp` and `ref_logp` must not (they are detached here all the same)."""
+    the gradient, `old_logp` and `ref_logp` must not (they are detached here all the same). `norm`: what
+    the mean divides by (`global_norm`: the whole batch's tokens or trajectories over all ranks, per rank);
+    None: this call's own count."""
     if not new_logp:
         raise ValueError("no trajectories to score")
     surrogate, kls, clipped, ratios = [], [], 0, []
@@ -90,11 +109,14 @@ def policy_loss(
         clipped += int(((ratio * adv) > (bounded * adv)).sum())
         ratios.append(ratio.detach())
     n = sum(t.numel() for t in surrogate)
+    if norm is None:
+        norm = n if token_level else len(surrogate)
 
     def mean(terms: list[torch.Tensor]) -> torch.Tensor:
         if token_level:  # DAPO: every token of the batch weighs the same
-            return torch.cat(terms).sum() / max(1, n)
-        return torch.stack([t.mean() if t.numel() else t.sum() for t in terms]).mean()  # GRPO: per trajectory
+            return torch.cat(terms).sum() / max(norm, 1e-12)
+        per_trajectory = torch.stack([t.mean() if t.numel() else t.sum() for t in terms])  # GRPO
+        return per_trajectory.sum() / max(norm, 1e-12)
 
     policy = mean(surrogate)
     kl = mean(kls) if use_kl else torch.zeros((), device=policy.device)

@@ -16,7 +16,7 @@ import torch
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
-from bdcore.tokens import stop_ids
+from bdcore.tokens import MASK_TOKEN, stop_ids
 from train.build import compute_dtype
 from train.config import FlagError, JobConfig, first_line
 from train.noise import noise_generator
@@ -38,16 +38,51 @@ def load_teacher(path: str, device: torch.device, dtype: torch.dtype):
     return teacher.to(device).eval().requires_grad_(False)
 
 
+def check_teacher_vocab(teacher, path: str, tokenizer, student_rows: int) -> None:
+    """The teacher must score the student's tokens by the same ids: its output rows cover every real id of
+    the student's tokenizer and are no more than the student's `student_rows`, and its own tokenizer (when
+    the directory has one) maps every token to the same id (`<|mask|>` aside). Else the KL compares
+    unrelated tokens, or fails at the first step on a tensor size."""
+    from transformers import AutoTokenizer
+
+    fix = "distil from a teacher of the student's tokenizer, e.g. the model --model_id was trained from"
+    student = {t: i for t, i in tokenizer.get_vocab().items() if t != MASK_TOKEN}
+    real = max(student.values()) + 1
+    width = teacher.get_output_embeddings().weight.shape[0]
+    if width < real:
+        raise FlagError("--opd_teacher", f"{path} scores {width} token ids, the student's tokenizer has {real}; {fix}")
+    if width > student_rows:
+        raise FlagError(
+            "--opd_teacher", f"{path} scores {width} token ids, more than the student's {student_rows}; {fix}"
+        )
+    try:
+        theirs = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):  # a weights-only directory: the width check is all there is to go on
+        return
+    theirs = {t: i for t, i in theirs.get_vocab().items() if t != MASK_TOKEN}
+    odd = sorted(t for t in set(student) | set(theirs) if student.get(t) != theirs.get(t))
+    if odd:
+        example = odd[0]
+        raise FlagError(
+            "--opd_teacher",
+            f"{path}'s tokenizer differs from the student's in {len(odd)} tokens (e.g. {example!r}: id "
+            f"{theirs.get(example)} in the teacher, {student.get(example)} in the student); {fix}",
+        )
+
+
 class OnPolicyDistiller:
-    def __init__(self, config: JobConfig, tokenizer, mask_id: int, filler_id: int, samples: list[Sample], info):
+    def __init__(self, config: JobConfig, tokens, samples: list[Sample], info, student_rows: int):
+        """`tokens`: the run's `train.build.TokenizerParts`; `student_rows`: the student's output rows."""
         self.config, self.opd = config, config.opd
-        self.mask_id, self.filler_id = mask_id, filler_id
-        self.stop_ids = stop_ids(tokenizer)
+        self.mask_id, self.filler_id = tokens.special.mask_id, tokens.special.filler_id
+        self.stop_ids = stop_ids(tokens.tokenizer)
         self.prompts = [prompt_of(s) for s in samples]
         dtype = compute_dtype(config, info) or torch.float32  # the student's compute dtype
         self.teacher = None  # a draft adapter's clean stream is the base model: the teacher comes free
         if self.opd.opd_teacher or not config.lora.draft_adapter:
-            self.teacher = load_teacher(self.opd.opd_teacher or config.model.model_id, info.device, dtype)
+            path = self.opd.opd_teacher or config.model.model_id
+            self.teacher = load_teacher(path, info.device, dtype)
+            check_teacher_vocab(self.teacher, path, tokens.tokenizer, student_rows)
         self.decode = DecodeConfig(mode="diffusion", threshold=self.opd.opd_threshold)
         self.params = SamplingParams(temperature=self.opd.opd_temperature, max_tokens=self.opd.opd_max_new_tokens)
 

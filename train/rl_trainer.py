@@ -24,11 +24,11 @@ import torch
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
 from bdcore.tokens import stop_ids
-from train.config import JobConfig
-from train.grpo import policy_loss, select_rollouts
+from train.config import FlagError, JobConfig
+from train.grpo import global_norm, policy_loss, select_rollouts
 from train.noise import noise_generator
 from train.opd import prompt_of
-from train.rewards import load_reward
+from train.rewards import checked_reward, load_reward, unreadable_references
 from train.rollout import Rollout, student_rollouts
 from train.rows import Sample
 from train.trajectory import trajectory_logprobs
@@ -77,8 +77,18 @@ class DiffusionRL:
         self.config, self.rl = config, config.rl
         self.tokenizer, self.mask_id, self.filler_id = tokenizer, mask_id, filler_id
         self.stop_ids = stop_ids(tokenizer)
-        self.prompts = [prompt_of(s) for s in samples]
-        self.references = [reference_text(s, tokenizer) for s in samples]
+        references = [reference_text(s, tokenizer) for s in samples]
+        self.unreadable = unreadable_references(self.rl.rl_reward, references)
+        if len(self.unreadable) == len(samples):
+            i, why = next(iter(self.unreadable.items()))
+            raise FlagError(
+                "--rl_reward",
+                f"{self.rl.rl_reward} can score none of the {len(samples)} references of --dataset (e.g. sample {i}: "
+                f"{why}: {references[i][:60]!r}); use a reward that reads these answers, or data it can score",
+            )
+        usable = [i for i in range(len(samples)) if i not in self.unreadable]  # never paid for: never drawn
+        self.prompts = [prompt_of(samples[i]) for i in usable]
+        self.references = [references[i] for i in usable]
         self.reward = load_reward(self.rl.rl_reward)
         self.reference = reference
         self.decode = DecodeConfig(mode=self.rl.rl_rollout_mode, threshold=self.rl.rl_threshold)
@@ -99,15 +109,17 @@ class DiffusionRL:
         b = self.batch
         t0 = time.perf_counter()
         new_logp = trajectory_logprobs(lm, b.rollouts, mask_id=self.mask_id, filler_id=self.filler_id)
+        token_level = self.rl.rl_token_level
         parts = policy_loss(
             new_logp,
             b.old_logp,
             b.advantages,
             clip_low=self.rl.rl_clip_low,
             clip_high=self.rl.rl_clip_high,
-            token_level=self.rl.rl_token_level,
+            token_level=token_level,
             ref_logp=b.ref_logp,
             kl_weight=self.rl.rl_kl_weight,
+            norm=global_norm(new_logp, token_level=token_level),
         )
         parts.loss.backward()
         return {
@@ -132,7 +144,8 @@ class DiffusionRL:
         t1 = time.perf_counter()
         refs = [self.references[i] for i in picks for _ in range(n)]
         texts = [self.tokenizer.decode(r.tokens, skip_special_tokens=True) for r in rollouts]
-        rewards = torch.tensor([float(self.reward(t, ref)) for t, ref in zip(texts, refs)])
+        name = self.rl.rl_reward
+        rewards = torch.tensor([checked_reward(name, self.reward, t, ref) for t, ref in zip(texts, refs)])
         keep, advantages, groups_kept = select_rollouts(rewards, n, dynamic=rl.rl_dynamic_sampling)
         kept = [r for r, k in zip(rollouts, keep.tolist()) if k]
         with torch.no_grad():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch.distributed as dist
 
 from train.build import build_model, build_rows, build_tokenizer, check_runtime, write_json
 from train.checkpoint import check_resume, load_train_state, save_checkpoint, sidecar_for
-from train.config import JobConfig
+from train.config import FlagError, JobConfig
 from train.loss import diffusion_weights
 from train.metrics import RunLogger, peak_memory_mib
 from train.noise import noise_generator
@@ -41,6 +42,7 @@ class StepResult:
     ar_tokens: float
     seconds: float
     extra: dict = field(default_factory=dict)  # on-policy distillation metrics (means over ranks)
+    skipped: bool = False  # the loss or gradient norm was not finite: no update was applied
 
 
 class Trainer:
@@ -81,9 +83,12 @@ class Trainer:
             micro_batch_size=training.micro_batch_size,
         )
         self.step = 0  # optimizer steps done
+        self.skipped_steps = 0  # steps whose non-finite loss or gradient norm was never applied
+        self.nonfinite_in_a_row = 0
         if self.resume is not None:
             load_train_state(self.resume.checkpoint, self.model, self.optimizer, info)
             self.step, self.stream.position = self.resume.step, self.resume.data_position
+            self.skipped_steps = self.resume.skipped_steps
             fast_forward(self.scheduler, self.step)
 
         self.logger = RunLogger(
@@ -106,31 +111,43 @@ class Trainer:
                 f"{schedule_changes}"
             )
         self._router_aux: float | None = None  # the last SFT step's mean router load-balancing loss (MoE)
-        self.opd = None
-        if config.opd.opd_on_policy:
-            from train.opd_trainer import OnPolicyDistiller
-
-            special = self.tokens.special
-            samples = [s for row in self.data.rows for s in row]
-            self.opd = OnPolicyDistiller(
-                config, self.tokens.tokenizer, special.mask_id, special.filler_id, samples, info
-            )
-        self.rl = None
-        if config.rl.rl_diffusion_rollout:
-            from train.build import compute_dtype
-            from train.rl_trainer import DiffusionRL, load_reference
-
-            special, reference = self.tokens.special, None
-            if config.rl.rl_kl_weight > 0:
-                dtype = compute_dtype(config, info) or torch.float32
-                reference = load_reference(config, special.mask_id, self.tokens.num_real, info.device, dtype)
-            samples = [s for row in self.data.rows for s in row]
-            self.rl = DiffusionRL(config, self.tokens.tokenizer, special.mask_id, special.filler_id, samples, reference)
+        try:
+            self.opd, self.rl = self._build_recipe(config, info)
+        except BaseException:  # a refusal is then the last line the user sees, after the progress bar
+            self.logger.close()
+            raise
         self.offload = (
             torch.autograd.graph.save_on_cpu(pin_memory=True)
             if config.efficiency.activation_offload
             else contextlib.nullcontext()
         )
+
+    def _build_recipe(self, config: JobConfig, info):
+        """The on-policy distiller or the RL step of the run (neither: SFT alone)."""
+        special = self.tokens.special
+        samples = [s for row in self.data.rows for s in row]
+        if config.opd.opd_on_policy:
+            from train.opd_trainer import OnPolicyDistiller
+
+            rows = self.model.model.get_output_embeddings().weight.shape[0]
+            return OnPolicyDistiller(config, self.tokens, samples, info, rows), None
+        if not config.rl.rl_diffusion_rollout:
+            return None, None
+        from train.build import compute_dtype
+        from train.rl_trainer import DiffusionRL, load_reference
+
+        reference = None
+        if config.rl.rl_kl_weight > 0:
+            dtype = compute_dtype(config, info) or torch.float32
+            reference = load_reference(config, special.mask_id, self.tokens.num_real, info.device, dtype)
+        rl = DiffusionRL(config, self.tokens.tokenizer, special.mask_id, special.filler_id, samples, reference)
+        if rl.unreadable:
+            why = next(iter(rl.unreadable.values()))
+            self.logger.write(
+                f"warning: --rl_reward {config.rl.rl_reward} cannot score {len(rl.unreadable)} of "
+                f"{len(samples)} references ({why}); RL never draws those samples"
+            )
+        return None, rl
 
     def train_step(self) -> StepResult:
         """Optimizer step `self.step` over `grad_accum` micro-batches (and, with --opd_on_policy, one
@@ -158,14 +175,38 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         dist.all_reduce(sums)
         loss, diff, ar = (sums / self.info.world_size).tolist()
+        # Every rank sees the same global loss and norm, so all skip together. A non-finite step never
+        # reaches the optimizer: one NaN in Adam's moments would make every later weight NaN.
+        finite = math.isfinite(loss) and bool(torch.isfinite(norm))
+        if finite:
+            self.optimizer.step()
+            self.nonfinite_in_a_row = 0
+        else:
+            self.skipped_steps += 1
+            self.nonfinite_in_a_row += 1
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         n_tokens, n_diff, a_norm = counts
-        return StepResult(loss, diff, ar, lr, norm, n_tokens, n_diff, a_norm, time.perf_counter() - t0, extra)
+        return StepResult(
+            loss, diff, ar, lr, norm, n_tokens, n_diff, a_norm, time.perf_counter() - t0, extra, skipped=not finite
+        )
+
+    def _on_nonfinite(self, result: StepResult) -> None:
+        """A skipped step is a warning line; --max_nonfinite_steps of them in a row stop the run."""
+        patience = self.config.optim.max_nonfinite_steps
+        what = f"step {self.step}: loss {result.loss}, grad_norm {float(result.grad_norm)}"
+        if self.nonfinite_in_a_row >= patience:
+            raise FlagError(
+                f"step {self.step}",
+                f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient norm "
+                f"(--max_nonfinite_steps {patience}; last: {what}); no update was applied and nothing was saved "
+                "after them; lower --lr or --grad_clip, check the data and --rl_reward, then --resume from the last "
+                "checkpoint",
+            )
+        self.logger.write(f"warning: {what}: non-finite, the update was skipped ({self.skipped_steps} so far)")
 
     def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
         keys = sorted(metrics)
@@ -224,12 +265,18 @@ class Trainer:
             "epoch": self.stream.epoch,
             "peak_mem_mib": peak_memory_mib(self.info.device),
             "step_time_s": dt,
+            "skipped_steps": self.skipped_steps,
             **result.extra,
         }
 
     def save(self, name: str) -> Path:
         """Checkpoint `save_dir/name` at `self.step` (collective: every rank calls it)."""
-        state = {"step": self.step, "data_position": self.stream.position, "config": self.config.resume_flags()}
+        state = {
+            "step": self.step,
+            "data_position": self.stream.position,
+            "skipped_steps": self.skipped_steps,
+            "config": self.config.resume_flags(),
+        }
         path = save_checkpoint(
             self.run_dir,
             name,
@@ -249,16 +296,20 @@ class Trainer:
         Returns the summary also written to summary.json (final losses, steps, wall time since construction)."""
         max_steps, save_every = self.config.training.max_steps, self.config.checkpoint.save_every
         losses = []
-        while self.step < max_steps:
-            result = self.train_step()
-            losses.append(result.loss)
-            done = self.step
-            log = done % self.config.logging.log_every == 0 or done == max_steps
-            self.logger.step(self.metrics_record(result) if log else None)
-            if save_every and done % save_every == 0 and done != max_steps:
-                self.save(f"step_{done}")
-        self.save("final")
-        self.logger.close()
+        try:
+            while self.step < max_steps:
+                result = self.train_step()
+                losses.append(result.loss)
+                done = self.step
+                log = done % self.config.logging.log_every == 0 or done == max_steps or result.skipped
+                self.logger.step(self.metrics_record(result) if log else None)
+                if result.skipped:
+                    self._on_nonfinite(result)
+                if save_every and done % save_every == 0 and done != max_steps:
+                    self.save(f"step_{done}")
+            self.save("final")
+        finally:  # an error is then the last line the user sees, after the progress bar
+            self.logger.close()
         summary = {
             "steps": max_steps,
             "final_loss": losses[-1] if losses else None,
