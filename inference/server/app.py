@@ -43,6 +43,12 @@ def create_app(
         max_request_bytes=max_request_bytes,
         allow_client_chat_template=allow_client_chat_template,
     )
+    if state.chars_per_token is None:
+        log.warning(
+            "this tokenizer's pipeline may drop text or fold a run of any length into one token, so prompts "
+            "too long for the context are refused only after they are tokenised whole (inference/server/"
+            "prompt_bound.py); the body limit (--max-request-bytes) is all that bounds their cost"
+        )
     app = FastAPI(title="bdstack", version="0.1.0")
     app.state.server = state
     # the parts tests and operators reach for by name

@@ -15,11 +15,12 @@ from bdcore.decode.config import SELF_SPEC_CANVASES
 from bdcore.decode.sampling import SamplingParams
 from inference.native.engine import DecodeConfig
 from inference.native.loading import CheckpointError, LoadedModel
+from inference.server.prompt_bound import check_prompt_chars
 from inference.server.protocol import (
     APIError,
     ToolRequest,
-    chat_prompt_ids,
-    completion_prompt_ids,
+    chat_prompt_text,
+    completion_prompt_text,
     sampling_params,
     tool_request,
 )
@@ -48,7 +49,7 @@ async def prepare(state: ServerState, kind: str, request: Request) -> PreparedRe
     tools = tool_request(body) if kind == "chat" else ToolRequest()
     # templates and tokenizers are slow on long prompts (and a client template, where allowed, runs as long
     # as it likes): off the event loop, so health probes and other requests go on meanwhile
-    ids, prefix = await run_in_threadpool(prompt_ids, state.loaded.tokenizer, kind, body, tools)
+    ids, prefix = await run_in_threadpool(prompt_ids, state, kind, body, tools)
     room = context_room(state.max_context, len(ids))
     # without an explicit max_tokens the reply may use the rest of the context, up to the default
     params = sampling_params(body, default_max_tokens=min(state.default_max_tokens, room), kind=kind)
@@ -57,11 +58,16 @@ async def prepare(state: ServerState, kind: str, request: Request) -> PreparedRe
     return PreparedRequest(kind, ids, prefix, tools, params, decode, bool(body.get("stream")), include_usage(body))
 
 
-def prompt_ids(tokenizer, kind: str, body: dict, tools: ToolRequest) -> tuple[list[int], str]:
-    """Prompt ids and the forced reply prefix."""
-    ids = chat_prompt_ids(tokenizer, body, tools) if kind == "chat" else completion_prompt_ids(tokenizer, body)
+def prompt_ids(state: ServerState, kind: str, body: dict, tools: ToolRequest) -> tuple[list[int], str]:
+    """Prompt ids and the forced reply prefix; a text too long for the context is refused by its length
+    before it is tokenised (a tokenizer costs a 4 MB prompt seconds and gigabytes)."""
+    tokenizer = state.loaded.tokenizer
+    text = chat_prompt_text(tokenizer, body, tools) if kind == "chat" else completion_prompt_text(body)
     # tool_choice "required" / a named function: the reply is made to open a call (see forced_prefix)
     prefix = forced_prefix(tools.choice, tools.name) if tools.parse else ""
+    param = "messages" if kind == "chat" else "prompt"
+    check_prompt_chars(len(text) + len(prefix), state.chars_per_token, state.max_context, param)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if prefix:
         ids = ids + tokenizer(prefix, add_special_tokens=False)["input_ids"]
     return ids, prefix

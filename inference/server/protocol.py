@@ -236,7 +236,8 @@ def response_format_instruction(body: dict) -> str | None:
     )
 
 
-def chat_prompt_ids(tokenizer, body: dict, tools: ToolRequest | None = None) -> list[int]:
+def chat_prompt_text(tokenizer, body: dict, tools: ToolRequest | None = None) -> str:
+    """The rendered chat template: what is tokenised (prepare.py measures it first)."""
     messages = template_messages(body.get("messages"))
     instruction = response_format_instruction(body)
     if instruction and messages[0]["role"] == "system":
@@ -262,13 +263,13 @@ def chat_prompt_ids(tokenizer, body: dict, tools: ToolRequest | None = None) -> 
         )
     except Exception as e:
         raise APIError(400, f"the chat template rejected these messages: {e}", param="messages") from e
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text
 
 
-def completion_prompt_ids(tokenizer, body: dict) -> list[int]:
+def completion_prompt_text(body: dict) -> str:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise APIError(400, "'prompt' must be a non-empty string", param="prompt")
-    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return prompt

@@ -11,6 +11,7 @@ from inference.native.engine import DecodeConfig, Engine
 from inference.native.loading import LoadedModel
 from inference.native.scheduler import Scheduler
 from inference.server.prometheus import ServerMetrics
+from inference.server.prompt_bound import chars_per_token
 
 
 @dataclass
@@ -24,6 +25,7 @@ class ServerState:
     model_name: str
     default_max_tokens: int
     max_context: int
+    chars_per_token: int | None  # prompt_bound.py: prompts too long are refused before tokenising
     max_request_bytes: int
     allow_client_chat_template: bool
 
@@ -55,6 +57,7 @@ class ServerState:
             model_name=model_name,
             default_max_tokens=default_max_tokens,
             max_context=getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30,
+            chars_per_token=chars_per_token(loaded.tokenizer),
             max_request_bytes=max_request_bytes,
             allow_client_chat_template=allow_client_chat_template,
         )
