@@ -11,11 +11,13 @@ import asyncio
 import logging
 import threading
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from bdcore.decode.sequence import DecodeStats
 from inference.native.engine import Cancelled
 from inference.server.prepare import PreparedRequest, prepare
 from inference.server.protocol import CLIENT_CLOSED, APIError, internal_error
@@ -49,22 +51,34 @@ async def handle(state: ServerState, kind: str, request: Request) -> Response:
 async def reply_in_full(
     state: ServerState, req: PreparedRequest, request: Request, reply: ReplyBuilder, t0: float
 ) -> Response:
+    """The whole reply: one choice per prompt (completions may send several), decoded side by side."""
     cancel = threading.Event()
-    task = state.start(lambda: state.scheduler.generate(req.prompt_ids, req.params, req.decode, cancel=cancel))
+    tasks = [
+        state.start(lambda ids=ids: state.scheduler.generate(ids, req.params, req.decode, cancel=cancel))
+        for ids in req.prompts
+    ]
     try:
-        while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL_S))[0]:
+        while (await asyncio.wait(tasks, timeout=DISCONNECT_POLL_S))[1]:
             if await request.is_disconnected():
-                cancel.set()  # nobody will read the reply: free the batch slot at the next token
-        gen = task.result()
+                cancel.set()  # nobody will read the reply: free the batch slots at the next token
+        gens = [task.result() for task in tasks]
     except Cancelled:
         state.metrics.record(req.kind, req.decode.mode, CLIENT_CLOSED)
         return Response(status_code=CLIENT_CLOSED)
     finally:
-        cancel.set()  # this handler itself was cancelled (server shutdown): stop the worker too
-    n_prompt = len(req.prompt_ids)
+        cancel.set()  # this handler itself was cancelled (server shutdown), or a prompt failed: stop the rest
+    n_prompt = sum(map(len, req.prompts))
+    stats = DecodeStats(  # the choices' together (each counts the forwards it took part in)
+        generated=sum(g.stats.generated for g in gens),
+        forwards=sum(g.stats.forwards for g in gens),
+        accepted=sum((g.stats.accepted for g in gens), Counter()),
+    )
     latency = time.perf_counter() - t0
-    state.metrics.record(req.kind, req.decode.mode, 200, prompt_tokens=n_prompt, stats=gen.stats, latency=latency)
-    content, calls = split_calls(req.prefix + gen.text, req.tools)
-    finish = "tool_calls" if calls else gen.finish_reason
-    logprobs = None if gen.logprobs is None else answer_logprobs(req.kind, gen.logprobs, state.loaded.tokenizer)
-    return JSONResponse(reply.full(content, calls, finish, usage(n_prompt, gen.stats), logprobs))
+    state.metrics.record(req.kind, req.decode.mode, 200, prompt_tokens=n_prompt, stats=stats, latency=latency)
+    choices = []
+    for i, gen in enumerate(gens):
+        content, calls = split_calls(req.prefix + gen.text, req.tools)
+        finish = "tool_calls" if calls else gen.finish_reason
+        logprobs = None if gen.logprobs is None else answer_logprobs(req.kind, gen.logprobs, state.loaded.tokenizer)
+        choices.append(reply.choice(i, content, calls, finish, logprobs))
+    return JSONResponse(reply.full(choices, usage(n_prompt, stats)))

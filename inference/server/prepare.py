@@ -15,12 +15,12 @@ from bdcore.decode.config import SELF_SPEC_CANVASES
 from bdcore.decode.sampling import SamplingParams
 from inference.native.engine import DecodeConfig
 from inference.native.loading import CheckpointError, LoadedModel
+from inference.server.completion_prompts import completion_prompts
 from inference.server.prompt_bound import check_prompt_chars
 from inference.server.protocol import (
     APIError,
     ToolRequest,
     chat_prompt_text,
-    completion_prompt_text,
     sampling_params,
     tool_request,
 )
@@ -34,13 +34,18 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class PreparedRequest:
     kind: str  # "chat" or "completion"
-    prompt_ids: list[int]
+    prompts: tuple[list[int], ...]  # one per choice: a chat has one, completions may send several
     prefix: str  # forced start of the reply: part of the prompt, put back before the reply is parsed
     tools: ToolRequest
     params: SamplingParams
     decode: DecodeConfig
     stream: bool
     include_usage: bool
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt of a request with one (every chat, every stream)."""
+        return self.prompts[0]
 
 
 async def prepare(state: ServerState, kind: str, request: Request) -> PreparedRequest:
@@ -49,28 +54,43 @@ async def prepare(state: ServerState, kind: str, request: Request) -> PreparedRe
     tools = tool_request(body) if kind == "chat" else ToolRequest()
     # templates and tokenizers are slow on long prompts (and a client template, where allowed, runs as long
     # as it likes): off the event loop, so health probes and other requests go on meanwhile
-    ids, prefix = await run_in_threadpool(prompt_ids, state, kind, body, tools)
-    room = context_room(state.max_context, len(ids))
+    prompts, prefix = await run_in_threadpool(prompt_ids, state, kind, body, tools)
+    stream = bool(body.get("stream"))
+    if stream and len(prompts) > 1:
+        raise APIError(
+            400,
+            f"a stream carries one prompt, this request has {len(prompts)}: send them without 'stream' "
+            "(one choice each) or as one request each",
+            param="stream",
+        )
+    longest = max(map(len, prompts))
+    room = context_room(state.max_context, longest)
     # without an explicit max_tokens the reply may use the rest of the context, up to the default
     params = sampling_params(body, default_max_tokens=min(state.default_max_tokens, room), kind=kind)
     decode = request_decode(state.loaded, state.decode, body)
-    check_reply_fits(state.max_context, len(ids), params.max_tokens)
-    return PreparedRequest(kind, ids, prefix, tools, params, decode, bool(body.get("stream")), include_usage(body))
+    check_reply_fits(state.max_context, longest, params.max_tokens)
+    return PreparedRequest(kind, tuple(prompts), prefix, tools, params, decode, stream, include_usage(body))
 
 
-def prompt_ids(state: ServerState, kind: str, body: dict, tools: ToolRequest) -> tuple[list[int], str]:
-    """Prompt ids and the forced reply prefix; a text too long for the context is refused by its length
-    before it is tokenised (a tokenizer costs a 4 MB prompt seconds and gigabytes)."""
+def prompt_ids(state: ServerState, kind: str, body: dict, tools: ToolRequest) -> tuple[list[list[int]], str]:
+    """The ids of each prompt and the forced reply prefix; a text too long for the context is refused by
+    its length before it is tokenised (a tokenizer costs a 4 MB prompt seconds and gigabytes)."""
     tokenizer = state.loaded.tokenizer
-    text = chat_prompt_text(tokenizer, body, tools) if kind == "chat" else completion_prompt_text(body)
+    if kind == "chat":
+        prompts = [chat_prompt_text(tokenizer, body, tools)]
+    else:
+        prompts = completion_prompts(body, state.vocab_size, state.loaded.mask_id)
     # tool_choice "required" / a named function: the reply is made to open a call (see forced_prefix)
     prefix = forced_prefix(tools.choice, tools.name) if tools.parse else ""
+    prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
     param = "messages" if kind == "chat" else "prompt"
-    check_prompt_chars(len(text) + len(prefix), state.chars_per_token, state.max_context, param)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if prefix:
-        ids = ids + tokenizer(prefix, add_special_tokens=False)["input_ids"]
-    return ids, prefix
+    out = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            check_prompt_chars(len(prompt) + len(prefix), state.chars_per_token, state.max_context, param)
+            prompt = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        out.append(list(prompt) + prefix_ids)
+    return out, prefix
 
 
 def context_room(max_context: int, n_prompt: int) -> int:

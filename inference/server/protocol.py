@@ -264,12 +264,3 @@ def chat_prompt_text(tokenizer, body: dict, tools: ToolRequest | None = None) ->
     except Exception as e:
         raise APIError(400, f"the chat template rejected these messages: {e}", param="messages") from e
     return text
-
-
-def completion_prompt_text(body: dict) -> str:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt:
-        raise APIError(400, "'prompt' must be a non-empty string", param="prompt")
-    return prompt

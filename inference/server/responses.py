@@ -22,18 +22,21 @@ class ReplyBuilder:
         self.id, self.created = new_id(_ID_PREFIXES[kind]), now()
         self._whole, self._chunk = _OBJECTS[kind]
 
-    def full(self, content: str | None, calls: list[dict], finish: str, usage: dict, logprobs=None) -> dict:
-        """`logprobs`: `logprobs_field`'s value for the whole answer, or None (not asked for)."""
+    def choice(self, index: int, content: str | None, calls: list[dict], finish: str, logprobs=None) -> dict:
+        """One choice of a whole reply; `logprobs`: `logprobs_field`'s value for it, or None (not asked for)."""
         if self.kind == "chat":
             message = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = calls
-            choice = {"index": 0, "message": message, "finish_reason": finish}
+            choice = {"index": index, "message": message, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": content, "finish_reason": finish}
+            choice = {"index": index, "text": content, "finish_reason": finish}
         if logprobs is not None:
             choice["logprobs"] = logprobs
-        return self._envelope(self._whole, [choice], usage=usage)
+        return choice
+
+    def full(self, choices: list[dict], usage: dict) -> dict:
+        return self._envelope(self._whole, choices, usage=usage)
 
     def chunk(self, delta: dict, finish: str | None = None, logprobs=None) -> dict:
         """`delta` in the chat form ({"role", "content", "tool_calls"}); completions carry its content."""

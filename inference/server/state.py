@@ -26,6 +26,7 @@ class ServerState:
     default_max_tokens: int
     max_context: int
     chars_per_token: int | None  # prompt_bound.py: prompts too long are refused before tokenising
+    vocab_size: int  # the ids a prompt may hold: tokens of the tokenizer that the model has rows for
     max_request_bytes: int
     allow_client_chat_template: bool
 
@@ -58,6 +59,7 @@ class ServerState:
             default_max_tokens=default_max_tokens,
             max_context=getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30,
             chars_per_token=chars_per_token(loaded.tokenizer),
+            vocab_size=min(len(loaded.tokenizer), loaded.model.get_input_embeddings().num_embeddings),
             max_request_bytes=max_request_bytes,
             allow_client_chat_template=allow_client_chat_template,
         )
