@@ -290,3 +290,24 @@ def load_samples(
             stats,
         )
     return samples, stats
+
+
+def heldout_answers(
+    source: str, tokenizer, eot_id: int, *, limit: int | None = None, chat_template_kwargs: dict | None = None
+) -> list[tuple[list[int], int]]:
+    """Per record of a chat dataset, its last answer rendered as the training rows render it: ([prompt,
+    answer] ids ending with the end-of-turn token, the answer's first position). What the drafting metric
+    (`bdcore.decode.draft_quality`) scores, in the trainer (`--eval_data`) and in `benchmark.draft_quality`."""
+    samples, _ = load_samples(
+        source,
+        tokenizer,
+        eot_id,
+        multiturn=False,
+        max_length=1 << 62,
+        max_response_length=None,
+        bd_size=2,
+        views=0,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    out = [(list(s.input_ids[: s.spans[-1][1]]), s.spans[-1][0]) for s in samples]
+    return out[:limit] if limit else out

@@ -1,0 +1,114 @@
+"""How well a checkpoint drafts, from one forward per held-out answer (`bdcore/decode/draft_quality.py`).
+
+    python -m benchmark.draft_quality runs/smollm2/bd/final --data heldout.jsonl --limit 50
+    python -m benchmark.draft_quality CKPT --data heldout.jsonl --compare-served --json out.json
+
+A canvas at every answer position (seeing the answer strictly before it and itself), greedy acceptance
+against the AR head prefix by prefix: the share of first drafts accepted, the mean accepted prefix, and
+the tokens per forward that linear and all-canvases self-spec would take along the answers, plus the AR
+head's held-out loss. `--compare-served` also decodes every prompt with the native engine in self-spec
+(greedy, both layouts) and prints the served tokens per forward beside the implied ones: on answers that
+are the checkpoint's own greedy output the two are equal; on other answers the metric follows their path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, max_rows: int, serve: bool) -> dict:
+    from tqdm import tqdm
+
+    from bdcore.decode.draft_quality import draft_quality
+    from bdcore.decode.runner import ModelRunner
+    from bdcore.tokens import end_of_turn_id
+    from inference.native.loading import CheckpointError, load_checkpoint
+    from train.data import heldout_answers
+
+    loaded = load_checkpoint(checkpoint)
+    try:
+        loaded.check_mode("self-spec")
+    except CheckpointError as e:
+        raise SystemExit(f"draft_quality: {checkpoint} cannot draft for self-spec: {e}") from e
+    N = draft_len or loaded.sidecar.bd_size
+    if not 2 <= N <= loaded.sidecar.bd_size:
+        raise SystemExit(
+            f"draft_quality: --draft-len {N} must lie in [2, the checkpoint's bd_size {loaded.sidecar.bd_size}]"
+        )
+    samples = heldout_answers(str(data), loaded.tokenizer, end_of_turn_id(loaded.tokenizer), limit=limit)
+    runner = ModelRunner.for_checkpoint(loaded.model, loaded.sidecar, loaded.mask_id)
+    t0 = time.perf_counter()
+    with tqdm(total=len(samples), desc="draft quality", unit=" answers", dynamic_ncols=True) as bar:
+        quality = draft_quality(
+            runner, samples, mask_id=loaded.mask_id, draft_len=N, max_rows=max_rows, progress=bar.update
+        )
+    result = {
+        "checkpoint": str(checkpoint),
+        "data": str(data),
+        "samples": quality.samples,
+        "anchors": quality.anchors,
+        "draft_len": N,
+        **quality.summary(),
+        "seconds": time.perf_counter() - t0,
+    }
+    if serve:
+        result.update(served(loaded, samples, N))
+    return result
+
+
+def served(loaded, samples: list[tuple[list[int], int]], draft_len: int) -> dict:
+    """Served greedy self-spec tokens per forward on the same prompts (answers cut at the reference's length
+    plus a margin, so a run-on answer costs no more than the metric's)."""
+    from bdcore.decode.config import DecodeConfig
+    from bdcore.decode.sampling import SamplingParams
+    from inference.native.engine import Engine
+
+    out = {}
+    for layout in ("last", "all"):
+        engine = Engine(loaded, DecodeConfig(mode="self-spec", draft_len=draft_len, self_spec_canvases=layout))
+        tokens = forwards = 0
+        for ids, start in samples:
+            gen = engine.generate(ids[:start], SamplingParams(max_tokens=len(ids) - start))
+            tokens += gen.stats.generated
+            forwards += gen.stats.forwards
+        out["served_tpf_linear" if layout == "last" else "served_tpf_all"] = tokens / max(1, forwards)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmark.draft_quality", description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", type=Path, help="a block-diffusion checkpoint whose clean stream is causal")
+    p.add_argument("--data", type=Path, required=True, help="chat JSONL whose records end with the assistant's answer")
+    p.add_argument("--limit", type=int, default=50, help="answers to score (default 50; 0: all)")
+    p.add_argument("--draft-len", type=int, default=None, help="N, as serve.py --draft-len (default: the bd_size)")
+    p.add_argument(
+        "--max-rows", type=int, default=4096, help="rows per forward; longer answers take several (default 4096)"
+    )
+    p.add_argument("--compare-served", action="store_true", help="also decode with the engine and print both")
+    p.add_argument("--json", type=Path, default=None, help="write the result here")
+    args = p.parse_args(argv)
+    if not args.data.is_file():
+        p.error(f"--data {args.data}: no such file")
+    result = measure(
+        args.checkpoint,
+        args.data,
+        limit=args.limit,
+        draft_len=args.draft_len,
+        max_rows=args.max_rows,
+        serve=args.compare_served,
+    )
+    width = max(len(k) for k in result)
+    for k, v in result.items():
+        print(f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

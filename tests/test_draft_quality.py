@@ -1,0 +1,127 @@
+"""The one-forward drafting metric (bdcore/decode/draft_quality.py): its walk against hand-computed decode
+traces, and on tiny models (dense and hybrid) against served self-spec, linear and all canvases: on an answer
+that is the checkpoint's own greedy output the replayed walk takes exactly the engine's forwards."""
+
+import pytest
+import torch
+
+from bdcore.decode.config import DecodeConfig
+from bdcore.decode.draft_quality import SampleDrafts, accepted_prefix, draft_quality, score_sample, walk_forwards
+from bdcore.decode.runner import ModelRunner
+from bdcore.decode.sampling import SamplingParams
+from bdcore.tokens import end_of_turn_id
+from inference.native.engine import Engine
+from inference.native.loading import load_checkpoint
+from tests.test_invariant_4_self_spec import _prompts
+from tests.tiny import tiny_checkpoint
+
+
+def test_accepted_prefix_stops_at_the_first_disagreement():
+    assert accepted_prefix(torch.tensor([5, 6, 7]), torch.tensor([5, 6, 7])) == 3
+    assert accepted_prefix(torch.tensor([5, 9, 7]), torch.tensor([5, 6, 7])) == 1
+    assert accepted_prefix(torch.tensor([9, 6, 7]), torch.tensor([5, 6, 7])) == 0
+
+
+def test_walk_replays_the_decoder_by_hand():
+    # an answer at positions 10..19 (the stop token at 19), drafts of N - 1 = 3 tokens
+    s = SampleDrafts(10, 20, accepted=[3, 0, 0, 0, 1, 2, 0, 0, 3, 0], ar_nll=[0.0] * 10, ar_matches_data=0)
+    # all canvases: prefill (emits 10), verify at 10 accepts 3 (emits 11-14), at 14 accepts 1 (15-16),
+    # at 16 accepts 0 (17), at 17 accepts 0 (18), at 18 accepts 3 but only the stop token is left: 6 forwards
+    assert walk_forwards(s, 4, all_canvases=True) == 6
+    # linear: prefill; verify at 10 accepts all (11-14, warm at 14); verify at 14 accepts 1 (15, correction 16);
+    # cold step emits 17 (warm at 17); verify at 17 accepts 0 (correction 18); cold step emits 19: 6 forwards
+    assert walk_forwards(s, 4, all_canvases=False) == 6
+    never = SampleDrafts(10, 20, accepted=[0] * 10, ar_nll=[0.0] * 10, ar_matches_data=0)
+    assert walk_forwards(never, 4, all_canvases=True) == 10  # one token a forward, the prefill's included
+    assert walk_forwards(never, 4, all_canvases=False) == 10  # verify (correction) and cold steps alternate
+
+
+def _served_and_measured(ckpt, canvases, prompts, draft_len):
+    params = SamplingParams(max_tokens=24)
+    causal = Engine(ckpt, DecodeConfig(mode="causal"))
+    spec = Engine(ckpt, DecodeConfig(mode="self-spec", self_spec_canvases=canvases, draft_len=draft_len))
+    runner = ModelRunner.for_checkpoint(ckpt.model, ckpt.sidecar, ckpt.mask_id)
+    eot = end_of_turn_id(ckpt.tokenizer)
+    for ids in prompts:
+        out = causal.generate(ids, params)
+        answer = ids + out.tokens + ([eot] if out.finish_reason == "stop" else [])
+        measured = score_sample(runner, answer, len(ids), mask_id=ckpt.mask_id, draft_len=draft_len, max_rows=64)
+        served = spec.generate(ids, params)
+        assert served.tokens == out.tokens
+        yield measured, served.stats.forwards
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("canvases", ["last", "all"])
+def test_the_walk_takes_the_served_forwards_on_the_models_own_answers(tmp_path, arch, canvases):
+    ckpt = load_checkpoint(tiny_checkpoint(tmp_path, arch=arch, bd_size=4))
+    accepted = 0
+    for measured, forwards in _served_and_measured(ckpt, canvases, _prompts(ckpt.tokenizer, 6, seed=3), 4):
+        assert walk_forwards(measured, 4, all_canvases=canvases == "all") == forwards
+        accepted += sum(measured.accepted)
+    assert accepted > 0 or arch == "qwen3_5", "some drafts were accepted: the test saw verify steps that emit more"
+
+
+def test_a_model_whose_drafts_always_agree(tmp_path):
+    """Flat logits: every row's argmax is the same token, so every draft is accepted (the all-accepted path)."""
+    ckpt = load_checkpoint(tiny_checkpoint(tmp_path, bd_size=4))
+    with torch.no_grad():
+        ckpt.model.model.norm.weight.zero_()
+    prompts = _prompts(ckpt.tokenizer, 2, seed=5)
+    for canvases in ("last", "all"):
+        for measured, forwards in _served_and_measured(ckpt, canvases, prompts, 4):
+            assert all(k == min(3, measured.end - 1 - (measured.start + i)) for i, k in enumerate(measured.accepted))
+            assert walk_forwards(measured, 4, all_canvases=canvases == "all") == forwards
+
+
+def test_chunked_forwards_score_as_one(tmp_path):
+    """Anchors split over several forwards (`max_rows`) give the same prefixes and AR losses as one forward."""
+    ckpt = load_checkpoint(tiny_checkpoint(tmp_path, bd_size=4))
+    runner = ModelRunner.for_checkpoint(ckpt.model, ckpt.sidecar, ckpt.mask_id)
+    ids = _prompts(ckpt.tokenizer, 1, seed=7)[0]
+    sample = (ids + ids[:12], len(ids))
+    one = draft_quality(runner, [sample], mask_id=ckpt.mask_id, draft_len=4, max_rows=10_000)
+    many = draft_quality(runner, [sample], mask_id=ckpt.mask_id, draft_len=4, max_rows=len(sample[0]) + 8)
+    assert one.per_sample[0].accepted == many.per_sample[0].accepted
+    assert one.summary() == pytest.approx(many.summary())
+    with torch.no_grad():
+        stock = ckpt.model(input_ids=torch.tensor([sample[0]])).logits[0].float()
+    stock[:, ckpt.mask_id] = float("-inf")
+    want = torch.nn.functional.cross_entropy(stock[len(ids) - 1 : -1], torch.tensor(sample[0][len(ids) :]))
+    assert one.summary()["eval_ar_loss"] == pytest.approx(float(want), rel=1e-4)
+
+
+def test_the_benchmark_on_self_distilled_answers_implies_what_is_served(tmp_path):
+    """`python -m benchmark.draft_quality --compare-served` on answers the checkpoint wrote itself (greedy):
+    implied and served tokens per forward agree exactly, for both layouts."""
+    import json
+
+    from benchmark.draft_quality import main
+    from train.data import heldout_answers
+
+    ckpt_dir = tiny_checkpoint(tmp_path / "ckpt", bd_size=4)
+    ckpt = load_checkpoint(ckpt_dir)
+    causal = Engine(ckpt, DecodeConfig(mode="causal"))
+    rows, answers = [], []
+    words = ["Copy abc", "Add 17 3", "Sort zz hello", "Reverse hello abc", "abc zz", "hello 17", "Copy 3"]
+    for text in words:
+        messages = [{"role": "user", "content": text}]
+        prompt = ckpt.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        answer = causal.generate(
+            ckpt.tokenizer(prompt, add_special_tokens=False)["input_ids"], SamplingParams(max_tokens=20)
+        )
+        rows.append({"messages": [*messages, {"role": "assistant", "content": answer.text}]})
+        answers.append(answer.tokens)
+    data = tmp_path / "all.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # keep the answers whose text renders back to the tokens the model chose (a random model writes odd ids)
+    rendered = heldout_answers(str(data), ckpt.tokenizer, end_of_turn_id(ckpt.tokenizer))
+    kept = [r for r, a, (ids, start) in zip(rows, answers, rendered) if ids[start : start + len(a)] == a]
+    assert len(kept) >= 3
+    data.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    out = tmp_path / "quality.json"
+    assert main([str(ckpt_dir), "--data", str(data), "--compare-served", "--json", str(out), "--max-rows", "40"]) == 0
+    result = json.loads(out.read_text())
+    assert result["samples"] == len(kept) and result["draft_len"] == 4
+    assert result["draft_tpf_linear"] == pytest.approx(result["served_tpf_linear"])
+    assert result["draft_tpf_all"] == pytest.approx(result["served_tpf_all"])
