@@ -2,10 +2,12 @@
 
 For each checkpoint, every held-out prompt is decoded greedily by the native engine in causal,
 diffusion and self-spec modes (in process, one request at a time): tokens per forward, tok/s, the
-share of outputs identical to causal decoding, and answer quality: exact match against the reference
-answer (chats whose last turn is the assistant's) or pass@1 for HumanEval-style prompts (`test` and
-`entry_point` fields; the program runs in a subprocess with a timeout). The AR held-out loss is the
-checkpoint's mean next-token loss on reference answers under causal attention.
+share of outputs identical to causal decoding (`stock_greedy`: the Hugging Face model's greedy loop,
+apart from the engine, so the engine's own causal mode is measured against it too), and answer quality:
+exact match against the reference answer (chats whose last turn is the assistant's) or pass@1 for
+HumanEval-style prompts (`test` and `entry_point` fields; the program runs in a subprocess with a
+timeout). The AR held-out loss is the checkpoint's mean next-token loss on reference answers under
+causal attention.
 """
 
 from __future__ import annotations
@@ -106,6 +108,28 @@ def ar_loss(model, heldout: Heldout, banned: int | None = None) -> float | None:
     return total / count if count else None
 
 
+@torch.no_grad()
+def stock_greedy(model, prompt_ids: list[int], *, max_tokens: int, stop_ids, banned: int | None) -> list[int]:
+    """Greedy causal decoding with nothing of the engine (no runner, no KV cache, no decode rules): one full
+    forward of the Hugging Face model per token, `banned` (`<|mask|>`) out of the argmax. The answer
+    without its stop token, cut at `max_tokens`, as the engine's `Generation.tokens` holds it. Run it
+    before an `Engine` is built on `model`: the engine binds its decode forward to hybrid layers."""
+    device = next(model.parameters()).device
+    ids, answer = list(prompt_ids), []
+    while len(answer) < max_tokens:
+        x = torch.tensor([ids], device=device)
+        with draft_rows(model, torch.zeros_like(x, dtype=torch.bool)):  # no row drafts in a causal forward
+            logits = model(input_ids=x).logits[0, -1].float()
+        if banned is not None and banned < logits.shape[-1]:
+            logits[banned] = float("-inf")
+        token = int(logits.argmax())
+        if token in stop_ids:
+            break
+        answer.append(token)
+        ids.append(token)
+    return answer
+
+
 def evaluate(checkpoint: Path, heldout: Heldout, *, max_tokens: int, threshold: float) -> dict:
     from inference.native.engine import Engine
     from inference.native.loading import load_checkpoint
@@ -113,7 +137,10 @@ def evaluate(checkpoint: Path, heldout: Heldout, *, max_tokens: int, threshold: 
     loaded = load_checkpoint(checkpoint)
     row = {"checkpoint": str(checkpoint), "ar_loss": ar_loss(loaded.model, heldout, loaded.mask_id)}
     row["threshold"] = threshold  # the diffusion commit threshold every mode's engine was given
-    causal_tokens = None
+    causal_tokens = [
+        stock_greedy(loaded.model, ids, max_tokens=max_tokens, stop_ids=loaded.stop_ids, banned=loaded.mask_id)
+        for ids in heldout.prompt_ids
+    ]
     for mode in MODES if loaded.sidecar is not None else ("causal",):  # a plain AR base: causal only
         engine = Engine(loaded, DecodeConfig(mode=mode, threshold=threshold))
         outs, start = [], time.perf_counter()
@@ -124,8 +151,6 @@ def evaluate(checkpoint: Path, heldout: Heldout, *, max_tokens: int, threshold: 
         forwards = sum(g.stats.forwards for g in outs)
         scores = [quality(r, g.text) for r, g in zip(heldout.records, outs)]
         scored = [s for s in scores if s is not None]
-        if mode == "causal":
-            causal_tokens = [g.tokens for g in outs]
         row[mode] = {
             "tokens_per_forward": generated / forwards,
             "tok_s": generated / wall,

@@ -77,10 +77,12 @@ def _run_mode(args, mode: str) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     times = []
-    tokens = 0
+    tokens = ar_rows = diff_rows = 0
     for step in range(args.warmup + args.steps):
         batch = build_batch(rows, cfg, ids, noise_generator(0, 0, step)).to(args.device)
         tokens = batch.num_real_tokens
+        # supervised rows: what the step's losses read (the AR head's and the noised views')
+        ar_rows, diff_rows = batch.ar_index.numel(), batch.diff_index.numel()
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -98,7 +100,15 @@ def _run_mode(args, mode: str) -> dict:
     else:
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024  # KiB -> MiB
     params = sum(p.numel() for p in model.parameters())
-    return {"mode": mode, "median_s": statistics.median(times), "tokens": tokens, "peak_mib": peak, "params": params}
+    return {
+        "mode": mode,
+        "median_s": statistics.median(times),
+        "tokens": tokens,
+        "ar_rows": ar_rows,
+        "diff_rows": diff_rows,
+        "peak_mib": peak,
+        "params": params,
+    }
 
 
 def _worker(args, mode, queue):
@@ -153,6 +163,8 @@ def main(argv=None) -> None:
         "token_ratio": bd["tokens"] / ar["tokens"],
         "ar_tokens": ar["tokens"],
         "bd_tokens": bd["tokens"],
+        # per arm, the supervised rows its step built: [AR rows, noised-view rows]
+        "rows": {r["mode"]: [r["ar_rows"], r["diff_rows"]] for r in (ar, bd, *half)},
         "ar_peak_mib": ar["peak_mib"],
         "bd_peak_mib": bd["peak_mib"],
         "device": args.device,

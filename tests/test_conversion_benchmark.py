@@ -4,8 +4,11 @@ its (tiny) budget and is evaluated side by side in one table."""
 import json
 
 import pytest
+import torch
 
-from benchmark import conversion
+from benchmark import conversion, conversion_eval
+from inference.native.loading import load_checkpoint
+from tests.tiny import tiny_checkpoint
 
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
 
@@ -40,7 +43,9 @@ def test_arms_train_on_one_base_and_are_evaluated_side_by_side(demo_kit, tmp_pat
         assert all(n >= 2 for n in r["steps"])
         for mode in ("causal", "diffusion", "self-spec"):
             assert r[mode]["tokens_per_forward"] > 0
-        assert r["causal"]["same_as_causal"] == 1.0
+        # causal decoding is the HF model's own greedy loop (`conversion_eval.stock_greedy`), so this holds
+        # the engine's causal mode to it; greedy self-spec is lossless
+        assert r["causal"]["same_as_causal"] == 1.0 and r["self-spec"]["same_as_causal"] == 1.0
     assert record["base"]["ar_loss"] > 0 and "diffusion" not in record["base"]
     sft, _, draft = record["arms"]
     # the draft adapter keeps the base: its AR loss and causal answers are the base's
@@ -61,3 +66,27 @@ def test_arms_train_on_one_base_and_are_evaluated_side_by_side(demo_kit, tmp_pat
 def test_self_distilled_arms_need_answers_the_base_finished(demo_kit, tmp_path):
     with pytest.raises(SystemExit, match="kept no self-distilled answer"):
         conversion.main(_argv(demo_kit, demo_kit / "base_model", tmp_path / "conv", "sft_self"))
+
+
+def test_causal_decoding_is_the_stock_models_greedy_loop(demo_kit, tmp_path):
+    """`same_as_causal` is measured against `stock_greedy` (the HF model alone, no engine), so the engine's
+    causal mode is held to it too. On a random tiny checkpoint, whose answers differ from prompt to prompt
+    (the trained arms above answer every prompt alike at this scale, so they cannot tell)."""
+    ckpt = tiny_checkpoint(tmp_path / "c", bd_size=4)
+    loaded = load_checkpoint(ckpt)
+    heldout = conversion_eval.load_heldout(demo_kit / "eval.jsonl", loaded.tokenizer, 4)
+    facts = dict(max_tokens=12, stop_ids=loaded.stop_ids, banned=loaded.mask_id)
+    answers = [conversion_eval.stock_greedy(loaded.model, ids, **facts) for ids in heldout.prompt_ids]
+    assert len({tuple(a) for a in answers}) == len(answers), "answers differ (a wrong decode would show)"
+    for ids, answer in zip(heldout.prompt_ids, answers):  # the loop is Hugging Face's own greedy decoding
+        out = loaded.model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=12,
+            do_sample=False,
+            suppress_tokens=[loaded.mask_id],
+            eos_token_id=sorted(loaded.stop_ids),
+            pad_token_id=min(loaded.stop_ids),
+        )[0, len(ids) :].tolist()
+        assert [t for t in out[: len(answer) + 1] if t not in loaded.stop_ids] == answer
+    row = conversion_eval.evaluate(ckpt, heldout, max_tokens=12, threshold=0.9)
+    assert row["causal"]["same_as_causal"] == 1.0 and row["self-spec"]["same_as_causal"] == 1.0

@@ -1,5 +1,6 @@
-"""benchmark/self_spec_canvases.py on a tiny checkpoint: the three variants side by side, both self-spec
-variants lossless against causal."""
+"""benchmark/self_spec_canvases.py on a tiny checkpoint: the three variants side by side, each (the engine's
+causal variant too) identical to causal decoding, which the benchmark takes from the Hugging Face model's
+own greedy loop (`benchmark.conversion_eval.stock_greedy`), not from the engine."""
 
 import json
 
