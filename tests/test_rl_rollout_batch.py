@@ -1,11 +1,14 @@
-"""What one RL rollout batch (`train.rl_trainer.DiffusionRL`) is built from: the KL term is anchored on the
-frozen starting policy, not on the policy that rolled out, and the rollouts are sampled with a seed that
-changes with the step and the rank (and repeats for the same step and rank, so a resume redraws them).
+"""What one RL rollout batch (`train.rl_trainer.DiffusionRL`) is built from: each group is one prompt's
+rollouts, each scored against that prompt's reference, with group-normalised advantages and the batch's
+metrics from those rewards; the KL term is anchored on the frozen starting policy, not on the policy that
+rolled out; the rollouts are sampled with a seed that changes with the step and the rank (and repeats for
+the same step and rank, so a resume redraws them).
 
 A KL anchored on the rollout policy is exactly 0 at the first update of every batch and never pulls the
 student back to where it started; a constant seed makes every step and rank sample the same answers to
-a prompt. Both pass the end-to-end runs (the reward still rises, the KL is still positive at a batch's
-second update), so they are checked here on the batch itself."""
+a prompt; a reference taken from another prompt of the batch, or a group mixing prompts, trains on the
+wrong answers. All of these pass the end-to-end runs (the digit-share reward reads no reference, the KL
+is still positive at a batch's second update), so they are checked here on the batch itself."""
 
 import copy
 
@@ -14,11 +17,11 @@ import torch
 
 from bdcore.tokens import end_of_turn_id, filler_id
 from inference.native.loading import load_checkpoint
-from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint
 from train.cli import parse_args
 from train.config import JobConfig
 from train.model import TwoStreamLM
+from train.opd import prompt_of
 from train.rl_trainer import DiffusionRL
 from train.rows import Sample
 
@@ -32,14 +35,24 @@ def _config(tmp_path, **flags) -> JobConfig:
     argv = ["--model_id", "x", "--dataset", "d.jsonl", "--save_dir", str(tmp_path), "--bd_size", "4"]
     argv += ["--rl_diffusion_rollout", "--rl_max_new_tokens", "8", "--rl_threshold", "0.5"]
     for name, value in flags.items():
-        argv += [f"--{name}", str(value)]
+        argv += [f"--{name}"] if value is True else [f"--{name}", str(value)]
     return JobConfig.from_args(parse_args(argv))
 
 
+def _answer(i: int) -> str:
+    return str(10 + i)
+
+
 def _samples(tok, n):
-    """Chat prompts, each answered "12" and closed by the end-of-turn token."""
-    answer, eot = tok("12", add_special_tokens=False)["input_ids"], end_of_turn_id(tok)
-    return [Sample(p + answer + [eot], [(len(p), len(p) + len(answer) + 1)]) for p in _prompts(tok, n, seed=4)]
+    """Chat prompts, prompt i answered `_answer(i)` and closed by the end-of-turn token."""
+    eot, samples = end_of_turn_id(tok), []
+    for i, content in enumerate(["Copy abc", "Add 17 3", "Sort zz", "Reverse hello", "Add abc", "Copy zz"][:n]):
+        chat = [{"role": "user", "content": content}]
+        text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        p = tok(text, add_special_tokens=False)["input_ids"]
+        answer = tok(_answer(i), add_special_tokens=False)["input_ids"]
+        samples.append(Sample(p + answer + [eot], [(len(p), len(p) + len(answer) + 1)]))
+    return samples
 
 
 def _stock_ar_logprobs(model, mask_id, prompt, response) -> torch.Tensor:
@@ -99,3 +112,61 @@ def test_the_rollout_seed_changes_with_step_and_rank_and_repeats_on_resume(loade
     assert again == first, "the same step and rank draw the same answers (exact resume)"
     assert later != first, "the next step samples afresh"
     assert other_rank != first, "another rank samples other answers"
+
+
+def test_groups_are_one_prompts_rollouts_scored_against_its_reference(loaded, tmp_path):
+    n, prompts_per_step = 3, 3
+    config = _config(tmp_path, rl_group_size=n, rl_prompts_per_step=prompts_per_step)
+    tok, mask = loaded.tokenizer, loaded.mask_id
+    samples = _samples(tok, 6)
+    reference_of = {tuple(prompt_of(s)): _answer(i) for i, s in enumerate(samples)}
+    assert len(reference_of) == len(samples), "distinct prompts (a reference can be told from another's)"
+    rl = DiffusionRL(config, tok, mask, filler_id(tok, end_of_turn_id(tok)), samples, None)
+    scored = []
+
+    def reward(answer: str, reference: str) -> float:
+        value = (len(answer) % 3) / 2  # 0, 0.5 or 1: varied within a group, some answers solved
+        scored.append((answer, reference, value))
+        return value
+
+    rl.reward = reward
+    metrics = rl.step(TwoStreamLM(copy.deepcopy(loaded.model), config.diffusion), 0, 0)
+    b = rl.batch
+    assert len(scored) == len(b.rollouts) == n * prompts_per_step
+    for ro, (answer, reference, _) in zip(b.rollouts, scored):
+        assert answer == tok.decode(ro.tokens, skip_special_tokens=True)
+        assert reference == reference_of[tuple(ro.prompt_ids)]
+    groups = [b.rollouts[g : g + n] for g in range(0, len(b.rollouts), n)]
+    assert all(len({tuple(r.prompt_ids) for r in group}) == 1 for group in groups), "a group is one prompt's"
+    assert len({tuple(group[0].prompt_ids) for group in groups}) > 1, "several prompts drawn (the test can tell)"
+    rewards = torch.tensor([value for *_, value in scored], dtype=torch.float64).view(-1, n)
+    want = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True, unbiased=False) + 1e-6)
+    torch.testing.assert_close(b.advantages, want.flatten().float(), atol=1e-5, rtol=1e-5)
+    solved = float((rewards == 1.0).double().mean())
+    assert 0 < solved < 1, "some answers solved, some not (the metric can tell)"
+    assert metrics["rl_reward"] == pytest.approx(float(rewards.mean()))
+    assert metrics["rl_solved"] == pytest.approx(solved)
+
+
+def test_dynamic_sampling_drops_the_groups_whose_rewards_are_all_equal(loaded, tmp_path):
+    n = 3
+    config = _config(tmp_path, rl_group_size=n, rl_prompts_per_step=4, rl_dynamic_sampling=True)
+    tok, mask = loaded.tokenizer, loaded.mask_id
+    rl = DiffusionRL(config, tok, mask, filler_id(tok, end_of_turn_id(tok)), _samples(tok, 6), None)
+    flat = {_answer(i) for i in range(0, 6, 2)}  # these prompts' answers all score alike
+
+    def reward(answer: str, reference: str) -> float:
+        return 0.5 if reference in flat else (len(answer) % 3) / 2
+
+    rl.reward = reward
+    metrics = rl.step(TwoStreamLM(copy.deepcopy(loaded.model), config.diffusion), 0, 0)
+    b = rl.batch
+    kept = [b.rollouts[g : g + n] for g in range(0, len(b.rollouts), n)]
+    rewards = [[reward(tok.decode(r.tokens, skip_special_tokens=True), "") for r in group] for group in kept]
+    assert 0 < len(kept) < 4 and metrics["rl_groups_kept"] == len(kept), "some groups dropped, some kept"
+    assert all(len({tuple(r.prompt_ids) for r in group}) == 1 for group in kept)
+    assert all(len(set(values)) > 1 for values in rewards), "only groups whose rewards differ are kept"
+    assert b.advantages.numel() == len(b.rollouts) == len(b.old_logp)
+    want = torch.tensor(rewards, dtype=torch.float64)
+    want = (want - want.mean(1, keepdim=True)) / (want.std(1, keepdim=True, unbiased=False) + 1e-6)
+    torch.testing.assert_close(b.advantages, want.flatten().float(), atol=1e-5, rtol=1e-5)
