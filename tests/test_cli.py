@@ -21,7 +21,7 @@ FLAGS = (
     "--max_steps --lr --warmup --lr_min_ratio --weight_decay --grad_clip --max_nonfinite_steps --seed --save_dir "
     "--save_every "
     "--resume --allow_schedule_change --log_every --activation_checkpointing --activation_offload --fused_ce "
-    "--compile --dtype "
+    "--compile --dtype --eval_data --eval_every --eval_samples "
     "--trust_remote_code --wandb --tensorboard"
 ).split()
 
@@ -41,6 +41,7 @@ def test_help_documents_every_flag_without_importing_torch():
 
 
 BASE = ["--model_id", "m", "--dataset", "d.jsonl", "--save_dir", "out"]
+EVAL_FILE = Path(__file__).parent / "fixtures" / "gsm8k.jsonl"
 
 
 @pytest.mark.parametrize(
@@ -65,6 +66,9 @@ BASE = ["--model_id", "m", "--dataset", "d.jsonl", "--save_dir", "out"]
         (["--lora_rank", "4", "--draft_adapter", "--ar_loss_weight", "0.5"], "--ar_loss_weight"),
         (["--lora_rank", "4", "--draft_adapter", "--within_block_causal"], "--within_block_causal"),
         (["--max_nonfinite_steps", "0"], "--max_nonfinite_steps"),
+        (["--eval_every", "5"], "--eval_every"),
+        (["--eval_data", "/no/such.jsonl"], "--eval_data"),
+        (["--eval_data", str(EVAL_FILE), "--ar_loss_weight", "0"], "--eval_data"),  # no causal AR head to verify
         # a block-causal clean stream (--ar_loss_weight 0) sees what its AR rows would predict
         (["--opd_on_policy", "--ar_loss_weight", "0", "--opd_ar_weight", "0.5"], "--opd_ar_weight"),
     ],

@@ -125,3 +125,26 @@ def test_the_benchmark_on_self_distilled_answers_implies_what_is_served(tmp_path
     assert result["samples"] == len(kept) and result["draft_len"] == 4
     assert result["draft_tpf_linear"] == pytest.approx(result["served_tpf_linear"])
     assert result["draft_tpf_all"] == pytest.approx(result["served_tpf_all"])
+
+
+@pytest.mark.e2e
+def test_the_trainer_logs_the_benchmarks_figures(demo_kit, tmp_path):
+    """`train.py --eval_data` logs the drafting metric every --eval_every steps; at the last step it is what
+    `benchmark.draft_quality` measures on the saved checkpoint (the sharded student decodes as served)."""
+    import json
+
+    from benchmark.draft_quality import main
+    from tests.conftest import read_metrics, run_train
+    from tests.train_args import train_args
+
+    run = tmp_path / "run"
+    flags = dict(max_steps=2, eval_data=demo_kit / "eval.jsonl", eval_every=1, eval_samples=3, lr="5e-3")
+    run_train(train_args(demo_kit, run, **flags))
+    records = read_metrics(run)
+    assert all("draft_tpf_all" in records[s] and "eval_ar_loss" in records[s] for s in (1, 2))
+    out = tmp_path / "bench.json"
+    main([str(run / "final"), "--data", str(demo_kit / "eval.jsonl"), "--limit", "3", "--json", str(out)])
+    bench = json.loads(out.read_text())
+    for key in ("draft_first_accept", "draft_mean_accepted", "draft_tpf_linear", "draft_tpf_all"):
+        assert records[2][key] == pytest.approx(bench[key]), key
+    assert records[2]["eval_ar_loss"] == pytest.approx(bench["eval_ar_loss"], rel=1e-4)

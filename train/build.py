@@ -201,7 +201,8 @@ def build_model(config: JobConfig, info: DistInfo, tokens: TokenizerParts) -> tu
             kwargs = {"use_reentrant": False, "context_fn": recompute_context(model)}
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         fused = liger_available() if efficiency.fused_ce == "auto" else efficiency.fused_ce == "on"
-        return TwoStreamLM(model, config.diffusion, fused_ce=fused, router_aux_coef=router_aux)
+        frozen = config.lora.draft_adapter and config.lora.draft_step == "cached"
+        return TwoStreamLM(model, config.diffusion, fused_ce=fused, router_aux_coef=router_aux, frozen_clean=frozen)
 
     def shard(lm):
         layers = lm.model.get_decoder().layers

@@ -185,6 +185,7 @@ class LoraSection:
     lora_alpha: float | None = None  # resolved to 2 x rank
     lora_targets: str = "all-linear"
     draft_adapter: bool = False  # the adapter acts only at drafting rows; the clean stream is the base model
+    draft_step: str = "cached"  # draft adapter: clean stream once without grad (cached) or in the joint forward
 
     def spec(self):
         from bdcore.draft_adapter import LoraSpec
@@ -231,6 +232,15 @@ class RLSection:
     rl_sft_weight: float = 0.0  # weight of the two-stream SFT loss on dataset rows (0: RL alone)
 
 
+@dataclass(frozen=True)
+class EvalSection:
+    """Held-out drafting metric during training (`train/evaluation.py`): off unless `eval_data`."""
+
+    eval_data: str | None = None  # chat JSONL whose records end with the assistant's answer
+    eval_every: int = 0  # steps between evaluations (0: at the end only)
+    eval_samples: int = 32  # answers scored per evaluation
+
+
 # The CLI flags `diffusion` holds; the rest of BlockDiffusionConfig (clean_causal, min_rate) is derived or fixed.
 DIFFUSION_FLAGS = (
     "objective",
@@ -256,6 +266,7 @@ class JobConfig:
     logging: LoggingSection
     efficiency: EfficiencySection
     lora: LoraSection
+    evaluation: EvalSection
     opd: OPDSection
     rl: RLSection
 
@@ -287,6 +298,7 @@ class JobConfig:
             logging=section(LoggingSection),
             efficiency=section(EfficiencySection),
             lora=section(LoraSection),
+            evaluation=section(EvalSection),
             opd=section(OPDSection),
             rl=section(RLSection),
         )
@@ -299,7 +311,7 @@ class JobConfig:
         """The resolved flags by name, as run_config.json and the checkpoint's trainer state record them."""
         out = {**asdict(self.model), **{k: getattr(self.diffusion, k) for k in DIFFUSION_FLAGS}}
         parts = (self.data, self.training, self.optim, self.checkpoint, self.logging, self.efficiency, self.lora)
-        for part in (*parts, self.opd, self.rl):
+        for part in (*parts, self.evaluation, self.opd, self.rl):
             out.update(asdict(part))
         if out["length_buckets"] is not None:
             out["length_buckets"] = list(out["length_buckets"])

@@ -95,6 +95,8 @@ class RunLogger:
             lr=f"{record['lr']:.2e}",
             tok_s=f"{record['tokens_per_s']:.0f}",
         )
+        if "draft_tpf_all" in record:  # the held-out drafting metric (--eval_data)
+            shown.update(accept=f"{record['draft_first_accept']:.2f}", tpf=f"{record['draft_tpf_all']:.2f}")
         if "router_aux" in record:  # mixture of experts: the router's load-balancing loss
             shown["aux"] = f"{record['router_aux']:.3f}"
         if "opd_kl" in record:  # on-policy distillation: what the rollouts look like

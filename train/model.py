@@ -15,6 +15,7 @@ from bdcore.attention_rule import CLEAN_STREAM, PAD_STREAM, dense_mask, flex_blo
 from bdcore.draft_adapter import draft_rows
 from bdcore.gated_delta import LINEAR_LAYER_TYPES, is_hybrid
 from train.config import BlockDiffusionConfig
+from train.frozen_clean import frozen_clean_hidden
 from train.hybrid import build_layout, patch_gated_delta_layers
 from train.loss import LossParts, combine_losses, liger_available, token_ce
 from train.rows import TwoStreamBatch
@@ -85,7 +86,10 @@ class TwoStreamLM(nn.Module):
         ce_chunk_rows: int = 2048,
         cpu_block_sparse: bool | None = None,
         router_aux_coef: float = 0.0,
+        frozen_clean: bool = False,
     ):
+        """`frozen_clean`: a draft-only adapter's step, the clean stream once without grad
+        (`train/frozen_clean.py`); dense models without a router loss only (else the joint forward)."""
         super().__init__()
         check_supported_model(model)
         impl = getattr(model.config, "_attn_implementation", "sdpa")
@@ -109,9 +113,14 @@ class TwoStreamLM(nn.Module):
             raise ValueError(f"router_aux_coef={router_aux_coef}: {type(model).__name__} has no expert router")
         self.router_aux_coef = router_aux_coef
         self._router_logits = None
+        self.frozen_clean = frozen_clean and not self.hybrid and router_aux_coef == 0 and cfg.views > 0
+
+    @property
+    def mask_rule(self) -> dict:
+        return {"clean_causal": self.cfg.clean_causal, "within_block_causal": self.cfg.within_block_causal}
 
     def attention_mask(self, batch: TwoStreamBatch):
-        rule = {"clean_causal": self.cfg.clean_causal, "within_block_causal": self.cfg.within_block_causal}
+        rule = self.mask_rule
         impl = getattr(self.model.config, "_attn_implementation", "sdpa")
         if impl == "flex_attention":
             return flex_block_mask(batch.meta, **rule)
@@ -128,6 +137,8 @@ class TwoStreamLM(nn.Module):
         return build_layout(batch.meta, self.cfg, conv_width=width).to(batch.input_ids.device)
 
     def hidden_states(self, batch: TwoStreamBatch) -> torch.Tensor:
+        if self.frozen_clean and getattr(self.model.config, "_attn_implementation", "") != "flex_attention":
+            return frozen_clean_hidden(self, batch)
         mask = self.attention_mask(batch)
         if self.hybrid:
             mask = {"full_attention": mask, "linear_attention": self.gated_delta_layout(batch)}

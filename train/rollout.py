@@ -17,6 +17,7 @@ idle forwards on the ranks that finish first.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,6 +123,37 @@ def rollout(
         model.train(was_training)
 
 
+@contextlib.contextmanager
+def decoding(lm):
+    """The trainer's student (`TwoStreamLM`, possibly FSDP-sharded) as the server runs it, for the body of
+    the block: the HF model with plain SDPA and the decode masks (the trainer may have switched it to its
+    block-sparse or flex attention), gated-delta layers in decode form, and the FSDP root's parameters
+    (embeddings, final norm, head) gathered. Rollouts and the drafting metric both decode through it."""
+    from bdcore.gated_delta import is_hybrid
+    from train.hybrid import patch_gated_delta_layers
+
+    model = lm.model
+    impl = model.config._attn_implementation
+    fsdp_root = hasattr(lm, "unshard")
+    model.config._attn_implementation = "sdpa"
+    if fsdp_root:
+        # FSDP2 names its root at the first forward; a decode calls the decoder layers before the root
+        # ever runs, so name the root first (a no-op once a training forward has run).
+        lm._get_fsdp_state()._lazy_init()
+        lm.unshard()
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+        model.config._attn_implementation = impl
+        if is_hybrid(model.config):  # back to the two-stream forward the training rows need
+            patch_gated_delta_layers(model)
+        if fsdp_root:
+            lm.reshard()
+
+
 def student_rollouts(
     lm,
     prompts: list[list[int]],
@@ -132,23 +164,10 @@ def student_rollouts(
     params: SamplingParams,
     seed: int,
 ) -> list[Rollout]:
-    """The trainer's student (`TwoStreamLM`, possibly FSDP-sharded) decodes as the server does: plain SDPA
-    with the decode masks (the trainer may have switched the model to its block-sparse or flex attention),
-    gated-delta layers in decode form, and the FSDP root's parameters (embeddings, final norm, head)
-    gathered around the whole rollout. On-policy distillation and RL both roll out through it."""
-    from bdcore.gated_delta import is_hybrid
-    from train.hybrid import patch_gated_delta_layers
-
-    model, cfg = lm.model, lm.cfg
-    impl = model.config._attn_implementation
-    fsdp_root = hasattr(lm, "unshard")
-    model.config._attn_implementation = "sdpa"
-    if fsdp_root:
-        # FSDP2 names its root at the first forward; the rollout calls the decoder layers before the
-        # root ever runs, so name the root first (a no-op once a training forward has run).
-        lm._get_fsdp_state()._lazy_init()
-        lm.unshard()
-    try:
+    """The trainer's student decodes as the server does (`decoding`). On-policy distillation and RL both
+    roll out through it."""
+    cfg = lm.cfg
+    with decoding(lm) as model:
         return rollout(
             model,
             prompts,
@@ -161,9 +180,3 @@ def student_rollouts(
             within_block_causal=cfg.within_block_causal,
             seed=seed,
         )
-    finally:
-        model.config._attn_implementation = impl
-        if is_hybrid(model.config):  # back to the two-stream forward the training rows need
-            patch_gated_delta_layers(model)
-        if fsdp_root:
-            lm.reshard()

@@ -113,6 +113,11 @@ class Trainer:
         self._router_aux: float | None = None  # the last SFT step's mean router load-balancing loss (MoE)
         try:
             self.opd, self.rl = self._build_recipe(config, info)
+            self.eval = None
+            if config.evaluation.eval_data:
+                from train.evaluation import DraftEval
+
+                self.eval = DraftEval(config, self.tokens)
         except BaseException:  # a refusal is then the last line the user sees, after the progress bar
             self.logger.close()
             raise
@@ -301,8 +306,12 @@ class Trainer:
                 result = self.train_step()
                 losses.append(result.loss)
                 done = self.step
-                log = done % self.config.logging.log_every == 0 or done == max_steps or result.skipped
-                self.logger.step(self.metrics_record(result) if log else None)
+                evaluate = self.eval is not None and self.eval.due(done, max_steps)
+                log = done % self.config.logging.log_every == 0 or done == max_steps or result.skipped or evaluate
+                record = self.metrics_record(result) if log else None
+                if evaluate:
+                    record.update(self.eval(self.model))
+                self.logger.step(record)
                 if result.skipped:
                     self._on_nonfinite(result)
                 if save_every and done % save_every == 0 and done != max_steps:

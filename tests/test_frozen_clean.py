@@ -1,0 +1,83 @@
+"""The draft-adapter step with the clean stream once without grad (train/frozen_clean.py) computes the
+joint forward's hidden states, loss and gradients on the same rows: packed documents, rows of different
+lengths, multi-turn samples, plain and block-sparse SDPA; and `train.py` takes the same steps either way."""
+
+import copy
+import random
+
+import pytest
+import torch
+
+from tests.conftest import read_metrics, run_train
+from tests.test_draft_adapter import adapted
+from tests.tiny import FILLER_ID, MASK_ID, random_sample, tiny_model
+from tests.train_args import train_args
+from train.config import BlockDiffusionConfig
+from train.model import TwoStreamLM
+from train.noise import noise_generator
+from train.rows import SpecialIds, build_batch
+
+CFG = BlockDiffusionConfig(bd_size=4, views=2, ar_loss_weight=0.0, clean_causal=True)
+
+
+def _rows(seed):
+    rng = random.Random(seed)
+    docs = [random_sample(rng, turns=rng.choice([1, 2]), max_prompt=10, max_resp=14) for _ in range(5)]
+    return [docs[:2], docs[2:3], docs[3:]]  # packed rows of different lengths (padding in the batch)
+
+
+def _pair(sparse):
+    base = adapted(tiny_model(), seed=1)
+    joint = TwoStreamLM(copy.deepcopy(base), CFG, cpu_block_sparse=sparse)
+    cached = TwoStreamLM(copy.deepcopy(base), CFG, cpu_block_sparse=sparse, frozen_clean=True)
+    for lm in (joint, cached):  # a draft adapter trains only its own weights
+        for name, p in lm.named_parameters():
+            p.requires_grad_("lora_" in name or "bd_mask_row" in name)
+    assert cached.frozen_clean and not joint.frozen_clean
+    return joint, cached
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_cached_clean_stream_gives_the_joint_forwards_loss_and_gradients(sparse):
+    joint, cached = _pair(sparse)
+    for seed in (0, 1):
+        batch = build_batch(_rows(seed), CFG, SpecialIds(MASK_ID, FILLER_ID), noise_generator(seed, 0, 0))
+        real = batch.meta.stream >= 0
+        h_joint, h_cached = joint.hidden_states(batch), cached.hidden_states(batch)
+        torch.testing.assert_close(h_cached[real], h_joint[real], atol=2e-5, rtol=1e-4)
+        losses = []
+        for lm in (joint, cached):
+            lm.zero_grad(set_to_none=True)
+            parts = lm(batch)
+            parts.loss.backward()
+            losses.append(parts.loss.detach())
+        torch.testing.assert_close(losses[1], losses[0], atol=1e-6, rtol=1e-5)
+        grads = [{n: p.grad for n, p in lm.named_parameters() if p.requires_grad} for lm in (joint, cached)]
+        assert grads[0].keys() == grads[1].keys() and grads[0]
+        for name, g in grads[0].items():
+            torch.testing.assert_close(grads[1][name], g, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_the_clean_stream_keeps_no_graph():
+    """Nothing of the clean pass is kept for backward: its hidden states carry no gradient function."""
+    _, cached = _pair(False)
+    batch = build_batch(_rows(0), CFG, SpecialIds(MASK_ID, FILLER_ID), noise_generator(0, 0, 0))
+    hidden = cached.hidden_states(batch)
+    clean = batch.meta.stream == 0
+    probe = torch.autograd.grad(
+        hidden[clean].sum(), [p for p in cached.parameters() if p.requires_grad], allow_unused=True
+    )
+    assert all(g is None or not g.any() for g in probe)
+
+
+@pytest.mark.e2e
+def test_train_py_takes_the_same_steps_either_way(demo_kit, tmp_path):
+    runs = {}
+    for step in ("cached", "joint"):
+        runs[step] = tmp_path / step
+        flags = dict(lora_rank=4, lr="5e-3", draft_adapter=True, max_steps=2, draft_step=step, pack=True)
+        run_train(train_args(demo_kit, runs[step], **flags))
+    a, b = read_metrics(runs["joint"]), read_metrics(runs["cached"])
+    for s in (1, 2):
+        assert b[s]["loss"] == pytest.approx(a[s]["loss"], rel=1e-5)
+        assert b[s]["grad_norm"] == pytest.approx(a[s]["grad_norm"], rel=1e-4)

@@ -1,0 +1,204 @@
+"""`train.py` flags and start-up checks of the optional parts of a run: on-policy distillation, RL and the
+held-out drafting metric (`train/cli.py` holds the rest). Imports no torch."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from train.config import FlagError
+
+
+def recipe_flags(p: argparse.ArgumentParser) -> None:
+    o = p.add_argument_group(
+        "on-policy distillation",
+        "The student decodes dataset prompts in diffusion mode as the server would; the frozen AR teacher "
+        "scores the answers; the loss is KL(teacher || student) at the slots each revisited state committed "
+        "(or, with --opd_slots masked, at every slot it still masked).",
+    )
+    o.add_argument("--opd_on_policy", action="store_true", help="train by on-policy distillation (off: SFT)")
+    o.add_argument("--opd_teacher", default=None, help="the frozen AR teacher (default: --model_id before conversion)")
+    o.add_argument("--opd_threshold", type=float, default=0.9, help="rollout commit threshold (default 0.9)")
+    o.add_argument("--opd_temperature", type=float, default=0.0, help="rollout temperature (default 0: greedy)")
+    o.add_argument("--opd_max_new_tokens", type=int, default=128, help="rollout answer length cap (default 128)")
+    o.add_argument("--opd_prompts_per_step", type=int, default=4, help="rollouts per rank per step (default 4)")
+    o.add_argument(
+        "--opd_states_per_block", type=int, default=1, help="canvas states revisited per block (default 1; 0: all)"
+    )
+    o.add_argument(
+        "--opd_slots",
+        choices=("committed", "masked"),
+        default="committed",
+        help="slots of a revisited state that carry the KL: the ones it committed (default) or every one it "
+        "still masked (denser: each later-committed slot's distribution in that state, against the teacher's)",
+    )
+    o.add_argument(
+        "--opd_ar_weight",
+        type=float,
+        default=None,
+        help="weight of the AR-row KL, which keeps the AR head (the self-spec verifier) on the teacher (default 1 "
+        "when the clean stream is causal: --ar_loss_weight > 0 or --draft_adapter; else 0, and > 0 is refused: "
+        "a block-causal clean row sees the token it would be asked to predict)",
+    )
+    o.add_argument(
+        "--opd_sft_weight", type=float, default=0.0, help="weight of two-stream SFT on dataset rows (default 0)"
+    )
+    _rl_flags(p)
+
+
+def eval_flags(p: argparse.ArgumentParser) -> None:
+    v = p.add_argument_group(
+        "held-out drafting metric",
+        "One forward per held-out answer with a drafting canvas at every position (bdcore/decode/draft_quality.py, "
+        "as python -m benchmark.draft_quality): draft_first_accept, draft_mean_accepted, draft_tpf_linear and "
+        "draft_tpf_all (the tokens per forward self-spec would take along the answers) and eval_ar_loss go to "
+        "metrics.jsonl and the progress bar.",
+    )
+    v.add_argument("--eval_data", default=None, help="chat JSONL whose records end with the assistant's answer")
+    v.add_argument("--eval_every", type=int, default=0, help="steps between evaluations (default 0: at the end only)")
+    v.add_argument("--eval_samples", type=int, default=32, help="answers scored per evaluation (default 32)")
+
+
+def _rl_flags(p: argparse.ArgumentParser) -> None:
+    r = p.add_argument_group(
+        "RL (GRPO/DAPO on the student's rollouts)",
+        "The student decodes each dataset prompt --rl_group_size times as the server would (diffusion mode by "
+        "default, --rl_rollout_mode), "
+        "sampled; the answers are scored against the dataset's reference answers; the clipped policy-gradient "
+        "loss uses group-normalised advantages and the trajectory log-probability of train/trajectory.py.",
+    )
+    r.add_argument("--rl_diffusion_rollout", action="store_true", help="train by RL on diffusion rollouts (off: SFT)")
+    r.add_argument(
+        "--rl_reward",
+        default="exact",
+        help="exact (answer == reference), gsm8k (last number == the reference's after ####), or "
+        "package.module:function(answer, reference) -> float (default exact)",
+    )
+    r.add_argument("--rl_group_size", type=int, default=8, help="rollouts per prompt, the GRPO group (default 8)")
+    r.add_argument("--rl_prompts_per_step", type=int, default=2, help="prompts per rank per rollout batch (default 2)")
+    r.add_argument("--rl_updates_per_batch", type=int, default=1, help="optimizer steps per rollout batch (default 1)")
+    r.add_argument(
+        "--rl_rollout_mode",
+        choices=["diffusion", "self-spec", "causal"],
+        default="diffusion",
+        help="decode mode of the rollouts (default diffusion: the canvas states' log-probs train the drafting "
+        "rows; self-spec and causal answers are the AR head's, so their AR log-probs train the clean rows)",
+    )
+    r.add_argument("--rl_temperature", type=float, default=1.0, help="rollout sampling temperature (default 1)")
+    r.add_argument("--rl_threshold", type=float, default=0.9, help="rollout commit threshold (default 0.9)")
+    r.add_argument("--rl_max_new_tokens", type=int, default=128, help="rollout answer length cap (default 128)")
+    r.add_argument("--rl_clip_low", type=float, default=0.2, help="ratio clipped below at 1 - this (default 0.2)")
+    r.add_argument(
+        "--rl_clip_high", type=float, default=0.2, help="ratio clipped above at 1 + this (default 0.2; DAPO: 0.28)"
+    )
+    r.add_argument(
+        "--rl_token_level", action="store_true", help="DAPO: average the loss over tokens (default: per trajectory)"
+    )
+    r.add_argument("--rl_dynamic_sampling", action="store_true", help="DAPO: drop groups whose rewards are all equal")
+    r.add_argument(
+        "--rl_kl_weight", type=float, default=0.0, help="k3 KL to the frozen starting checkpoint (default 0: none)"
+    )
+    r.add_argument(
+        "--rl_sft_weight", type=float, default=0.0, help="weight of two-stream SFT on dataset rows (default 0)"
+    )
+
+
+def check_opd(args, bad) -> None:
+    # With --ar_loss_weight 0 (no draft adapter) the clean stream is block-causal: its row P-1+j attends
+    # to the rest of its block, so a KL there would train on a leak of the answer.
+    causal_clean = args.ar_loss_weight > 0 or args.draft_adapter
+    given = args.opd_ar_weight
+    args.opd_ar_weight = (1.0 if causal_clean else 0.0) if given is None else given
+    if not args.opd_on_policy:
+        return
+    if given is not None and given > 0 and not causal_clean:
+        bad(
+            "--opd_ar_weight",
+            f"{given} trains the clean stream's AR rows, but with --ar_loss_weight 0 they are block-causal and see "
+            "the tokens they would predict; drop --opd_ar_weight (0 is the default here), or keep the clean stream "
+            "causal with --ar_loss_weight > 0",
+        )
+    if args.ar_only:
+        bad("--opd_on_policy", "distils a block-diffusion student; it has no meaning with --ar_only")
+    for flag in ("opd_max_new_tokens", "opd_prompts_per_step"):
+        if getattr(args, flag) < 1:
+            bad(f"--{flag}", f"must be >= 1, got {getattr(args, flag)}")
+    for flag in ("opd_threshold", "opd_temperature", "opd_states_per_block", "opd_ar_weight", "opd_sft_weight"):
+        if not getattr(args, flag) >= 0:
+            bad(f"--{flag}", f"must be >= 0, got {getattr(args, flag)}")
+    if args.opd_teacher is not None:
+        try:
+            check_model_id(args.opd_teacher)
+        except FlagError as e:
+            bad("--opd_teacher", str(e).split(": ", 1)[1])
+
+
+def check_rl(args, bad) -> None:
+    if not args.rl_diffusion_rollout:
+        return
+    if args.ar_only or args.opd_on_policy:
+        bad("--rl_diffusion_rollout", "trains a block-diffusion policy alone; drop --ar_only / --opd_on_policy")
+    for flag in ("rl_group_size", "rl_prompts_per_step", "rl_updates_per_batch", "rl_max_new_tokens"):
+        if getattr(args, flag) < 1:
+            bad(f"--{flag}", f"must be >= 1, got {getattr(args, flag)}")
+    if args.rl_rollout_mode != "diffusion" and (args.draft_adapter or not args.ar_loss_weight > 0):
+        bad(
+            "--rl_rollout_mode",
+            f"{args.rl_rollout_mode} rollouts are answers of the AR head, which this run does not train (with "
+            "--ar_loss_weight 0 the clean stream is block-causal, with --draft_adapter it is the frozen base): "
+            "use diffusion rollouts, or train the AR head (--ar_loss_weight > 0, no --draft_adapter)",
+        )
+    if args.rl_group_size < 2:
+        bad("--rl_group_size", "needs >= 2 rollouts per prompt: advantages are relative to the group")
+    if not args.rl_temperature > 0:
+        bad("--rl_temperature", "must be > 0: greedy rollouts of one prompt are all the same answer")
+    for flag in ("rl_threshold", "rl_clip_low", "rl_clip_high", "rl_kl_weight", "rl_sft_weight"):
+        if not getattr(args, flag) >= 0:
+            bad(f"--{flag}", f"must be >= 0, got {getattr(args, flag)}")
+    n = args.rl_updates_per_batch
+    if args.save_every % n or args.max_steps % n:
+        bad(
+            "--rl_updates_per_batch",
+            f"{n} must divide --max_steps ({args.max_steps}) and --save_every ({args.save_every}): a checkpoint "
+            "inside a rollout batch could not resume it",
+        )
+    try:
+        from train.rewards import load_reward
+
+        load_reward(args.rl_reward)
+    except ValueError as e:
+        bad("--rl_reward", str(e))
+
+
+def check_eval(args, bad) -> None:
+    if args.eval_every < 0 or args.eval_samples < 1:
+        bad("--eval_every" if args.eval_every < 0 else "--eval_samples", "must be >= 0 (--eval_samples >= 1)")
+    if args.eval_data is None:
+        if args.eval_every:
+            bad("--eval_every", "needs --eval_data (held-out chats to score)")
+        return
+    if not os.path.isfile(args.eval_data):
+        bad("--eval_data", f"{args.eval_data} is not a file; pass a chat JSONL")
+    if args.ar_only or args.objective == "single_stream":
+        bad("--eval_data", "scores self-spec drafting, which --ar_only and --objective single_stream do not train")
+    if not (args.ar_loss_weight > 0 or args.draft_adapter):
+        bad(
+            "--eval_data",
+            "scores self-spec drafting, which needs a causal clean stream; with --ar_loss_weight 0 (no draft "
+            "adapter) it is block-causal: train with --ar_loss_weight > 0 or --draft_adapter",
+        )
+
+
+def check_model_id(model_id: str) -> None:
+    """Local paths are checked here; a hub id is checked when it is downloaded."""
+    fix = "pass a hub id (e.g. Qwen/Qwen3-4B) or a local directory written by save_pretrained"
+    if not model_id.strip():
+        raise FlagError("--model_id", f"is empty; {fix}")
+    path = os.path.expanduser(model_id)
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FlagError("--model_id", f"{model_id} holds no config.json; {fix}")
+    elif os.path.exists(path):
+        raise FlagError("--model_id", f"{model_id} is a file, not a model directory; {fix}")
+    elif model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:
+        raise FlagError("--model_id", f"{model_id}: no such directory; {fix}")
