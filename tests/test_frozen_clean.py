@@ -81,3 +81,19 @@ def test_train_py_takes_the_same_steps_either_way(demo_kit, tmp_path):
     for s in (1, 2):
         assert b[s]["loss"] == pytest.approx(a[s]["loss"], rel=1e-5)
         assert b[s]["grad_norm"] == pytest.approx(a[s]["grad_norm"], rel=1e-4)
+
+
+def test_the_step_benchmark_runs_its_arms_on_the_same_rows(tmp_path):
+    """benchmark/draft_step.py at tiny scale: every arm steps, and the two adapter arms are one step computed
+    two ways (their losses agree); the timings themselves are the benchmark's business, not a test's."""
+    import json
+
+    from benchmark.draft_step import ARMS, main
+
+    model_dir = tmp_path / "model"
+    tiny_model().save_pretrained(model_dir)
+    out = tmp_path / "step.json"
+    args = ["--rows", "2", "--prompt", "12", "--response", "10", "--bd-size", "4", "--lora-rank", "4"]
+    assert main([str(model_dir), *args, "--repeats", "2", "--warmup", "0", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["step_s"]) == set(ARMS) and result["adapter_losses_agree"]
