@@ -64,7 +64,8 @@ def measure(args) -> dict:
     from train.noise import noise_generator
     from train.rows import SpecialIds, build_batch
 
-    torch.set_num_threads(args.threads) if args.threads else None
+    if args.threads:
+        torch.set_num_threads(args.threads)
     base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
     vocab = base.config.vocab_size
     mask_id, filler = vocab - 1, vocab - 2  # rows of random ids: any two ids outside them serve
