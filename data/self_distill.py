@@ -154,16 +154,10 @@ def distill(loaded, records: list[dict], out_path: Path, args, *, progress: bool
                 seq = Sequence(list(r.ids), sp, gen, sink, loaded.mask_id, loaded.stop_ids, block_causal)
                 r.decoder = CausalDecoder(seq)
                 active.append(r)
-            # A batched forward pads every sequence to its longest: a prompt's prefill among one-row decode
-            # steps would make the whole batch that long, so new prompts take a forward of their own.
-            fresh = [r.decoder.seq.cache.length == 0 for r in active]
-            for group in ([r for r, f in zip(active, fresh) if f], [r for r, f in zip(active, fresh) if not f]):
-                if group:
-                    logits = runner.forward([(r.decoder.seq.cache, r.decoder.next_forward()) for r in group])
-                    forwards += 1
-                    for r, lg in zip(group, logits):
-                        r.decoder.take(lg)
-            for r in active:
+            logits = runner.forward([(r.decoder.seq.cache, r.decoder.next_forward()) for r in active])
+            forwards += 1
+            for r, lg in zip(active, logits):
+                r.decoder.take(lg)
                 if r.decoder.finished:
                     done[r.index] = _finish(tok, r, eot, stats)
                     r.decoder = None  # frees its cache now, not when the set is done

@@ -268,13 +268,13 @@ def test_a_prompts_prefill_never_shares_a_forward_with_decode_steps(setup, monke
     make the whole batch prompt-long (the tool once ran ten times slower for it)."""
     from bdcore.decode.runner import ModelRunner
 
-    kinds, real = [], ModelRunner.forward
+    kinds, real = [], ModelRunner._forward_padded
 
     def spy(self, batch):
         kinds.append([cache.length == 0 for cache, _ in batch])
         return real(self, batch)
 
-    monkeypatch.setattr(ModelRunner, "forward", spy)
+    monkeypatch.setattr(ModelRunner, "_forward_padded", spy)
     _run(setup, "grouped", "--max-new-tokens", str(MAX_NEW), "--batch", "3")
     assert all(all(k) or not any(k) for k in kinds), "a forward mixes prefills with decode steps"
     assert any(len(k) > 1 and not any(k) for k in kinds), "decode steps are batched"

@@ -4,7 +4,9 @@ Each sequence keeps its own cache (`SequenceCache`: keys/values per attention la
 states). A forward right-pads the caches to the longest one and the new rows to the longest row list,
 builds each sequence's mask with `decode_mask` (padding is never visible; a padding row sees only
 itself, so no row is empty), runs the model once and keeps each sequence's first `keep` new rows. A
-batch of one is a batch: its cache goes in without padding or copies. Hybrid models: the gated-delta
+batch of one is a batch: its cache goes in without padding or copies. Prompts run in a forward of their own
+when sequences already decoding share the call (padding them all to a prompt's length costs more than the
+second forward). Hybrid models: the gated-delta
 layers get one `DecodePlan` per batch row and run sequence by sequence, exactly as alone; a crop
 restores the state the sequence's last (rollback) forward snapshotted.
 """
@@ -43,10 +45,24 @@ class ModelRunner:
             within_block_causal=sidecar.within_block_causal if sidecar else False,
         )
 
-    @torch.no_grad()
     def forward(self, batch: list[tuple[SequenceCache, Forward]]) -> list[torch.Tensor]:
         """Logits [len(rows), V] per (cache, forward), `<|mask|>` banned; each cache keeps its first `keep`
-        new rows."""
+        new rows. Prompts (sequences with an empty cache) run apart from the sequences already decoding: a
+        forward pads every sequence's rows to the longest, so one prompt among decode steps of a row or a
+        few would make every sequence in the batch prompt-long."""
+        fresh = [cache.length == 0 for cache, _ in batch]
+        if all(fresh) or not any(fresh):
+            return self._forward_padded(batch)
+        out: list[torch.Tensor | None] = [None] * len(batch)
+        for want in (True, False):
+            idx = [i for i, f in enumerate(fresh) if f == want]
+            for i, logits in zip(idx, self._forward_padded([batch[i] for i in idx])):
+                out[i] = logits
+        return out
+
+    @torch.no_grad()
+    def _forward_padded(self, batch: list[tuple[SequenceCache, Forward]]) -> list[torch.Tensor]:
+        """One model forward over every sequence of `batch`, right-padded to the longest cache and row list."""
         from transformers import DynamicCache
 
         n, dev = len(batch), self.device
