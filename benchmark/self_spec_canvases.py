@@ -1,13 +1,17 @@
-"""Linear self-spec vs self-spec with a canvas after every clean row vs causal, side by side in one run.
+"""Self-spec layouts side by side in one run: causal, linear (a canvas after the last clean row), a canvas after
+every clean row, and `auto` (the engine chooses the draft length and canvases each step from the forward cost
+it measured and the acceptance it observes), plus, with `--draft-lens`, every fixed draft length in both layouts.
 
-    python -m benchmark.self_spec_canvases runs/demo/bd/final --heldout runs/demo/kit/eval.jsonl --limit 100
+    python -m benchmark.self_spec_canvases runs/demo/bd/final --heldout runs/demo/kit/eval.jsonl --limit 100 \
+        --draft-lens 2,4,8 --concurrency 1
 
-The native engine in process, greedy, one request at a time after one untimed warm-up request, the same
-prompts in every variant (chat JSONL with reference answers, or HumanEval-style prompts): tokens per
-forward, tok/s and its ratio to causal, the share of outputs identical to causal decoding (lossless:
-must be 100%; causal decoding is `benchmark.conversion_eval.stock_greedy`, the Hugging Face model's own
-greedy loop, so the engine's causal variant is held to it as well), cold steps, and how many drafts
-were accepted per verify.
+The native engine in process, greedy, after one untimed warm-up request per variant, the same prompts in every
+variant (chat JSONL with reference answers, or HumanEval-style prompts), one request at a time or
+`--concurrency` K requests in flight on the batched scheduler: tokens per forward, tok/s and its ratio to
+causal, the share of outputs identical to causal decoding (lossless: must be 100%; causal decoding is
+`benchmark.conversion_eval.stock_greedy`, the Hugging Face model's own greedy loop, so the engine's causal
+variant is held to it as well), how many drafts were accepted per verify and how many tokens each forward
+drafted. The last lines compare `auto` with causal and with the best fixed variant.
 """
 
 from __future__ import annotations
@@ -16,16 +20,53 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 VARIANTS = {
     "causal": dict(mode="causal"),
     "self-spec last": dict(mode="self-spec", self_spec_canvases="last"),
     "self-spec all": dict(mode="self-spec", self_spec_canvases="all"),
+    "self-spec auto": dict(mode="self-spec", self_spec_canvases="auto", draft_len="auto"),
 }
 
 
-def measure(checkpoint: Path, heldout_path: Path, *, limit: int, max_tokens: int, draft_len: int | None) -> list[dict]:
+def variants(draft_len: int | None, draft_lens: list[int]) -> dict[str, dict]:
+    """The named variants, with `draft_len` for the fixed ones, then both layouts at each of `draft_lens`."""
+    out = {k: ({"draft_len": draft_len} if "draft_len" not in v else {}) | v for k, v in VARIANTS.items()}
+    for n in draft_lens:
+        for canvases in ("last", "all"):
+            out[f"self-spec {canvases} N={n}"] = dict(mode="self-spec", self_spec_canvases=canvases, draft_len=n)
+    return out
+
+
+def _run(engine, prompts, params, concurrency: int):
+    """Every prompt's generation and the wall time, one at a time or `concurrency` in flight."""
+    if concurrency == 1:
+        start = time.perf_counter()
+        return [engine.generate(ids, params) for ids in prompts], time.perf_counter() - start
+    from concurrent.futures import ThreadPoolExecutor
+
+    from inference.native.scheduler import Scheduler
+
+    scheduler = Scheduler(engine, max_batch=concurrency)
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(lambda ids: scheduler.generate(ids, params), prompts[:concurrency]))  # warm-up, not timed
+        start = time.perf_counter()
+        outs = list(pool.map(lambda ids: scheduler.generate(ids, params), prompts))
+    return outs, time.perf_counter() - start
+
+
+def measure(
+    checkpoint: Path,
+    heldout_path: Path,
+    *,
+    limit: int,
+    max_tokens: int,
+    draft_len: int | None,
+    draft_lens: list[int] = (),
+    concurrency: int = 1,
+) -> list[dict]:
     from transformers import AutoTokenizer
 
     from bdcore.decode.config import DecodeConfig
@@ -41,17 +82,16 @@ def measure(checkpoint: Path, heldout_path: Path, *, limit: int, max_tokens: int
         for ids in heldout.prompt_ids
     ]
     rows = []
-    for name, settings in VARIANTS.items():
-        engine = Engine(loaded, DecodeConfig(draft_len=draft_len, **settings))
-        engine.generate(heldout.prompt_ids[0], SamplingParams(max_tokens=max_tokens))  # warm-up, not timed
-        start = time.perf_counter()
-        outs = [engine.generate(ids, SamplingParams(max_tokens=max_tokens)) for ids in heldout.prompt_ids]
-        wall = time.perf_counter() - start
+    params = SamplingParams(max_tokens=max_tokens)
+    for name, settings in variants(draft_len, list(draft_lens)).items():
+        engine = Engine(loaded, DecodeConfig(**settings))  # an auto variant measures its row cost here (cached)
+        engine.generate(heldout.prompt_ids[0], params)  # warm-up, not timed
+        outs, wall = _run(engine, heldout.prompt_ids, params, concurrency)
         generated, forwards = sum(g.stats.generated for g in outs), sum(g.stats.forwards for g in outs)
-        accepted = {}
+        accepted, drafted = Counter(), Counter()
         for g in outs:
-            for k, v in g.stats.accepted.items():
-                accepted[k] = accepted.get(k, 0) + v
+            accepted.update(g.stats.accepted)
+            drafted.update(g.stats.drafted)
         rows.append(
             {
                 "variant": name,
@@ -60,6 +100,7 @@ def measure(checkpoint: Path, heldout_path: Path, *, limit: int, max_tokens: int
                 "same_as_causal": sum(g.tokens == c for g, c in zip(outs, causal)) / len(outs),
                 "forwards": forwards,
                 "accepted": dict(sorted(accepted.items())),
+                "drafted": dict(sorted(drafted.items())),
             }
         )
     return rows
@@ -69,13 +110,21 @@ def table(rows: list[dict]) -> str:
     base = rows[0]["tok_s"]
     lines = [
         "| variant | tokens/forward | tok/s | tok/s vs causal | same as causal | forwards "
-        "| drafts accepted per verify |",
-        "|---|---|---|---|---|---|---|",
+        "| drafts accepted per verify | forwards by tokens drafted |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['variant']} | {r['tokens_per_forward']:.2f} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f}x "
-            f"| {r['same_as_causal']:.0%} | {r['forwards']} | {r['accepted'] or '-'} |"
+            f"| {r['same_as_causal']:.0%} | {r['forwards']} | {r['accepted'] or '-'} | {r['drafted'] or '-'} |"
+        )
+    auto = next((r for r in rows if r["variant"] == "self-spec auto"), None)
+    fixed = [r for r in rows if r["variant"] not in ("causal", "self-spec auto")]
+    if auto is not None and fixed:
+        best = max(fixed, key=lambda r: r["tok_s"])
+        lines.append(
+            f"\nauto: {auto['tok_s'] / base:.2f}x causal tok/s, {auto['tok_s'] / best['tok_s']:.2f}x the best fixed "
+            f"variant ({best['variant']}, {best['tok_s'] / base:.2f}x causal)"
         )
     return "\n".join(lines)
 
@@ -87,6 +136,13 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=50, help="prompts (default 50)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--draft-len", type=int, default=None, help="self-spec N (default: the trained bd_size)")
+    p.add_argument(
+        "--draft-lens",
+        type=lambda t: [int(x) for x in t.split(",") if x],
+        default=[],
+        help="also every fixed N in this comma list, in both layouts (e.g. 2,3,4,8)",
+    )
+    p.add_argument("--concurrency", type=int, default=1, help="requests in flight (batched scheduler; default 1)")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
     rows = measure(
@@ -95,6 +151,8 @@ def main(argv=None) -> int:
         limit=args.limit,
         max_tokens=args.max_tokens,
         draft_len=args.draft_len,
+        draft_lens=args.draft_lens,
+        concurrency=args.concurrency,
     )
     command = "python -m benchmark.self_spec_canvases " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"{command}\n\n{table(rows)}")

@@ -69,14 +69,22 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--block-size", type=int, default=None, help="diffusion canvas size (default: trained bd_size)")
     n.add_argument("--threshold", type=float, default=0.9, help="diffusion commit confidence (default 0.9)")
     n.add_argument("--steps", type=int, default=None, help="diffusion denoise steps per block (default: block-1)")
-    n.add_argument("--draft-len", type=int, default=None, help="self-spec N (default and max: trained bd_size)")
+    n.add_argument(
+        "--draft-len",
+        type=_draft_len,
+        default=None,
+        help="self-spec N: drafts N-1 tokens a step (default and max: trained bd_size); auto: the engine chooses "
+        "0 (a plain causal step) .. bd_size-1 drafts each step from the forward cost it measures by rows (cached "
+        "per checkpoint and device) and the acceptance it observes",
+    )
     n.add_argument("--no-fuse-commit", action="store_true", help="diffusion: unfused commit and prefill forwards")
     n.add_argument(
         "--self-spec-canvases",
         default="last",
-        choices=["last", "all"],
+        choices=["last", "all", "auto"],
         help="self-spec verify forwards draft after the last clean row only (a rejection then costs a cold "
-        "step) or after every clean row (no cold steps, N*N rows a forward); default last",
+        "step), after every clean row (no cold steps, N*N rows a forward), or auto: after the rows the engine "
+        "chooses each step, from measured cost and acceptance; default last",
     )
     n.add_argument("--max-tokens", type=int, default=512, help="default max_tokens when a request gives none")
     n.add_argument(
@@ -95,6 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="print the SGLang command and exit")
     s.add_argument("--log", default=None, help="tee SGLang's output to this file")
     return p
+
+
+def _draft_len(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 2 or auto, got {text!r}") from None
 
 
 def pick_backend(backend: str, mode: str, sglang_python: str | None = None) -> str:
@@ -133,8 +150,13 @@ def sglang_command(args, extra: list[str]) -> list[str]:
         return cmd + extra
     if args.self_spec_canvases != "last":
         raise SystemExit(
-            "serve.py: error: --self-spec-canvases all is a native-engine decode (SGLang's self-spec verifies in "
-            "separate forwards); use --backend native"
+            f"serve.py: error: --self-spec-canvases {args.self_spec_canvases} is a native-engine decode (SGLang's "
+            "self-spec verifies in separate forwards); use --backend native"
+        )
+    if args.draft_len == "auto":
+        raise SystemExit(
+            "serve.py: error: --draft-len auto is a native-engine decode (the SGLang plugin drafts a fixed length); "
+            "give an integer, or use --backend native"
         )
     settings = sl.bdstack_settings(
         args.model,

@@ -262,43 +262,57 @@ def unshifted_diffusion(
 
 
 def self_spec(
-    ref: ReferenceModel, prompt: list[int], *, draft_len: int, max_tokens: int, stop_ids, mask_id, canvases="last"
+    ref: ReferenceModel,
+    prompt: list[int],
+    *,
+    draft_len: int,
+    max_tokens: int,
+    stop_ids,
+    mask_id,
+    canvases="last",
+    layouts=None,
 ) -> Result:
     """Greedy self-spec. `known` is the prompt and every emitted token; its last token (`pending`) has
     not been verified into the context yet, which only matters to the engine's cache. `canvases="all"`:
     the engine's verify forward also drafts, after every clean row, what would follow it; here the drafts
-    after the accepted prefix come from a forward of their own over that prefix (one engine forward)."""
+    after the accepted prefix come from a forward of their own over that prefix (one engine forward).
+
+    `layouts`: an iterator of (drafts n, canvas length L, first canvas row m) per step, the prefill first,
+    instead of `draft_len`/`canvases`: a step verifies the first min(n, drafts in hand) drafts, and its
+    canvases of L masks follow the clean rows m.. (L = 0: none; no drafts in hand: a cold or causal step),
+    so the drafts after the accepted prefix k exist when L > 0 and k >= m."""
+    if layouts is None:
+        n = draft_len - 1
+        layouts = iter(lambda: (n, n, n if canvases == "last" else 0), None)
     r = Result()
     answer = _Answer(r, max_tokens, stop_ids)
-    N = draft_len
-    # The prefill: the last prompt row gives the first token; a canvas of N masks at its place drafts
-    # the N - 1 tokens after it.
-    clean_logits, canvas_logits = ref(prompt, [], [mask_id] * N)
+    # The prefill: the last prompt row gives the first token; a canvas of L + 1 masks at its place drafts
+    # the L tokens after it.
+    _, L, _ = next(layouts)
+    clean_logits, canvas_logits = ref(prompt, [], [mask_id] * (L + 1) if L else None)
     r.forwards += 1
     known = list(prompt) + [_argmax(clean_logits[-1])]
-    drafts = _argmax(canvas_logits[: N - 1])
+    drafts = _argmax(canvas_logits[:L]) if L else None
     if answer.add(known[-1:]):
         return r
     while True:
-        if drafts is None:  # cold step: the next AR token, and drafts after it from a canvas at its place
-            clean_logits, canvas_logits = ref(known, [], [mask_id] * (N - 1))
-            r.forwards += 1
-            emitted = [_argmax(clean_logits[-1])]
-            drafts = _argmax(canvas_logits)
-            r.accepted[0] += 1
-        else:  # verify: AR tokens after `pending` and after each draft
-            clean_logits, canvas_logits = ref(known + drafts, [], [mask_id] * (N - 1))
-            r.forwards += 1
-            ar = _argmax(clean_logits[len(known) - 1 :])
+        n, L, m = next(layouts)
+        v = min(n, len(drafts)) if drafts else 0
+        r.forwards += 1
+        if v == 0:  # cold step (a canvas at the next token's place) or a causal step: the next AR token
+            emitted = [_argmax(ref(known, [])[0][-1])]
             k = 0
-            while k < len(drafts) and drafts[k] == ar[k]:
+            if L:
+                r.accepted[0] += 1
+        else:  # verify: AR tokens after `pending` and after each of the first v drafts
+            ar = _argmax(ref(known + drafts[:v], [])[0][len(known) - 1 :])
+            k = 0
+            while k < v and drafts[k] == ar[k]:
                 k += 1
             r.accepted[k] += 1
             emitted = drafts[:k] + [ar[k]]
-            if canvases == "all":  # a canvas at the emitted token's place, seeing the accepted prefix
-                drafts = _argmax(ref(known + drafts[:k], [], [mask_id] * (N - 1))[1])
-            else:  # all drafts accepted: the canvas after them sits at the bonus token's place and drafts on
-                drafts = _argmax(canvas_logits) if k == N - 1 else None
+        # The canvas after clean row k (it sees the pending token and the k accepted drafts), if one was there.
+        drafts = _argmax(ref(known + emitted[:-1], [], [mask_id] * L)[1]) if L and k >= min(m, v) else None
         if answer.add(emitted):
             return r
         known += emitted

@@ -148,3 +148,12 @@ def test_the_trainer_logs_the_benchmarks_figures(demo_kit, tmp_path):
     for key in ("draft_first_accept", "draft_mean_accepted", "draft_tpf_linear", "draft_tpf_all"):
         assert records[2][key] == pytest.approx(bench[key]), key
     assert records[2]["eval_ar_loss"] == pytest.approx(bench["eval_ar_loss"], rel=1e-4)
+    # The checkpoint carries the last figures, the serving engine's prior for its self-spec acceptance.
+    from bdcore.decode.speculation import prior_from_quality
+    from inference.native.loading import load_checkpoint
+
+    saved = json.loads((run / "final" / "draft_quality.json").read_text())
+    assert saved["step"] == 2 and saved["draft_len"] == 4
+    assert saved["draft_first_accept"] == pytest.approx(records[2]["draft_first_accept"])
+    want = prior_from_quality(records[2]["draft_first_accept"], records[2]["draft_mean_accepted"], 4)
+    assert load_checkpoint(run / "final").draft_prior == pytest.approx(want)

@@ -91,18 +91,13 @@ def check_state_after_k_accepted(loaded, *, atol=1e-5, rtol=1e-5):
             torch.testing.assert_close(spec.cache.states[i].conv, ar.cache.states[i].conv, atol=atol, rtol=rtol)
 
 
-@pytest.mark.e2e
-def test_sampled_self_spec_follows_the_ar_distribution(loaded):
-    """The joint law of 4 sampled tokens (top-k 2: at most 16 sequences) matches the exact AR law,
-    computed by enumerating every path; self-spec's warm steps accept drafts by rejection sampling."""
+def ar_law(loaded, ids, params: dict, length: int = 4) -> dict[tuple, float]:
+    """The exact law of the first `length` sampled tokens after `ids`, by enumerating every path (keep
+    top_k small: top-k 2 gives at most 2**length paths)."""
     from bdcore.decode.sampling import probabilities
 
-    if loaded.model.config.model_type != "qwen3":
-        pytest.skip("one architecture is enough for the statistical check")
-    ids = _prompts(loaded.tokenizer, 1, seed=5)[0]
-    params = dict(temperature=1.0, top_k=2, max_tokens=4)
     exact = {(): 1.0}
-    for _ in range(4):
+    for _ in range(length):
         nxt = {}
         for path, pr in exact.items():
             logits = OneSequence(loaded.model, banned=loaded.mask_id).forward(Rows().clean(ids + list(path), 0), keep=0)
@@ -111,11 +106,29 @@ def test_sampled_self_spec_follows_the_ar_distribution(loaded):
                 nxt[path + (t,)] = pr * float(dist[t])
         exact = nxt
     assert not any(t in loaded.stop_ids for path in exact for t in path), "pick a prompt that does not stop early"
+    return exact
+
+
+def total_variation(seen: Counter, exact: dict[tuple, float]) -> float:
+    """Between the empirical law of `seen` (paths counted) and `exact`."""
+    n = sum(seen.values())
+    return 0.5 * sum(abs(seen[path] / n - pr) for path, pr in exact.items()) + 0.5 * sum(
+        c / n for path, c in seen.items() if path not in exact
+    )
+
+
+@pytest.mark.e2e
+def test_sampled_self_spec_follows_the_ar_distribution(loaded):
+    """The joint law of 4 sampled tokens (top-k 2: at most 16 sequences) matches the exact AR law,
+    computed by enumerating every path; self-spec's warm steps accept drafts by rejection sampling."""
+    if loaded.model.config.model_type != "qwen3":
+        pytest.skip("one architecture is enough for the statistical check")
+    ids = _prompts(loaded.tokenizer, 1, seed=5)[0]
+    params = dict(temperature=1.0, top_k=2, max_tokens=4)
+    exact = ar_law(loaded, ids, params)
     n = 1200
     for mode, canvases in (("causal", "last"), ("self-spec", "last"), ("self-spec", "all")):
         engine = Engine(loaded, DecodeConfig(mode=mode, draft_len=4, self_spec_canvases=canvases))
         seen = Counter(tuple(engine.generate(ids, SamplingParams(**params, seed=s)).tokens) for s in range(n))
-        tv = 0.5 * sum(abs(seen[path] / n - pr) for path, pr in exact.items()) + 0.5 * sum(
-            c / n for path, c in seen.items() if path not in exact
-        )
+        tv = total_variation(seen, exact)
         assert tv < 0.08, (mode, canvases, tv)

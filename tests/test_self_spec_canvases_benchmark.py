@@ -12,13 +12,22 @@ from tests.tiny import tiny_checkpoint
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
 
 
-def test_variants_side_by_side_are_lossless(demo_kit, tmp_path, capsys):
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_variants_side_by_side_are_lossless(demo_kit, tmp_path, capsys, monkeypatch, concurrency):
+    monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path / "cache"))
     ckpt = tiny_checkpoint(tmp_path / "c", bd_size=4)
     out = tmp_path / "r.json"
     argv = [str(ckpt), "--heldout", str(demo_kit / "eval.jsonl"), "--limit", "4", "--max-tokens", "12"]
+    argv += ["--draft-lens", "2,3", "--concurrency", str(concurrency)]
     assert self_spec_canvases.main([*argv, "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
-    assert [r["variant"] for r in rows] == list(self_spec_canvases.VARIANTS)
-    assert all(r["same_as_causal"] == 1.0 and r["tokens_per_forward"] > 0 for r in rows)
-    assert rows[0]["tokens_per_forward"] == 1.0
-    assert "| self-spec all |" in capsys.readouterr().out
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    fixed = [f"self-spec {c} N={n}" for n in (2, 3) for c in ("last", "all")]
+    assert list(rows) == list(self_spec_canvases.VARIANTS) + fixed
+    assert all(r["same_as_causal"] == 1.0 for r in rows.values())
+    assert rows["causal"]["tokens_per_forward"] == 1.0
+    # A fixed N drafts N - 1 tokens at every forward; the forwards of a request are its prefill and steps.
+    for n in (2, 3):
+        assert set(rows[f"self-spec last N={n}"]["drafted"]) == {str(n - 1)}
+        assert rows[f"self-spec all N={n}"]["drafted"] == {str(n - 1): rows[f"self-spec all N={n}"]["forwards"]}
+    text = capsys.readouterr().out
+    assert "| self-spec all N=3 |" in text and "auto: " in text and "the best fixed variant" in text

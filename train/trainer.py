@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from bdcore.decode.speculation import DRAFT_QUALITY_NAME
 from train.build import build_model, build_rows, build_tokenizer, check_runtime, write_json
 from train.checkpoint import check_resume, load_train_state, save_checkpoint, sidecar_for
 from train.config import FlagError, JobConfig
@@ -114,6 +115,7 @@ class Trainer:
         try:
             self.opd, self.rl = self._build_recipe(config, info)
             self.eval = None
+            self.last_eval: dict | None = None  # the latest drafting figures, written into each checkpoint
             if config.evaluation.eval_data:
                 from train.evaluation import DraftEval
 
@@ -293,6 +295,8 @@ class Trainer:
             trainer_state=state,
             save_dtype=self.save_dtype,
         )
+        if self.last_eval is not None and self.info.is_main:  # the serving engine's acceptance prior
+            write_json(path / DRAFT_QUALITY_NAME, self.last_eval)
         self.logger.write(f"saved {path}")
         return path
 
@@ -311,6 +315,8 @@ class Trainer:
                 record = self.metrics_record(result) if log else None
                 if evaluate:
                     record.update(self.eval(self.model))
+                    keys = ("draft_first_accept", "draft_mean_accepted", "draft_tpf_linear", "draft_tpf_all")
+                    self.last_eval = {k: record[k] for k in keys} | {"draft_len": self.eval.bd_size, "step": done}
                 self.logger.step(record)
                 if result.skipped:
                     self._on_nonfinite(result)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bdcore.decode.speculation import AutoDraft
+
 MODES = ("causal", "diffusion", "self-spec")
 # Self-spec verify forwards: one drafting canvas after the last clean row ("last": a rejection costs a cold
-# step), or one after every clean row ("all": whatever prefix is accepted, its drafts are ready).
-SELF_SPEC_CANVASES = ("last", "all")
+# step), one after every clean row ("all": whatever prefix is accepted, its drafts are ready), or chosen each
+# step from the measured forward cost and acceptance ("auto", bdcore/decode/speculation.py).
+SELF_SPEC_CANVASES = ("last", "all", "auto")
+AUTO = "auto"  # draft_len / self_spec_canvases: chosen each step by the engine
 
 
 class DecodeSettingsError(ValueError):
@@ -35,9 +39,16 @@ class ResolvedDecode:
     block: int  # diffusion canvas
     budget: int  # diffusion: denoise forwards per block at most
     threshold: float
-    draft_len: int  # self-spec N
+    draft_len: int  # self-spec N (with auto_draft_len: the longest the engine may choose)
     fuse_commit: bool
     canvases: str = "last"  # self-spec: SELF_SPEC_CANVASES
+    auto_draft_len: bool = False  # self-spec: the engine chooses the draft length each step (0: a causal step)
+
+    def auto_draft(self) -> AutoDraft | None:
+        """What the engine's speculation policy chooses for this request; None: fixed settings."""
+        if self.mode != "self-spec" or not (self.auto_draft_len or self.canvases == AUTO):
+            return None
+        return AutoDraft(self.draft_len - 1, self.canvases, None if self.auto_draft_len else self.draft_len - 1)
 
 
 @dataclass(frozen=True)
@@ -46,7 +57,7 @@ class DecodeConfig:
     block_size: int | None = None  # diffusion canvas (default: the checkpoint's bd_size)
     threshold: float = 0.9  # diffusion: commit masked slots whose confidence exceeds this
     steps: int | None = None  # diffusion: denoise steps per block (default: block_size - 1)
-    draft_len: int | None = None  # self-spec N (default and maximum: bd_size)
+    draft_len: int | str | None = None  # self-spec N (default and maximum: bd_size), or "auto" (up to bd_size)
     fuse_commit: bool = True  # diffusion: fuse each commit (the prefill too) with the next block's first denoise
     self_spec_canvases: str = "last"  # self-spec: a drafting canvas after the last clean row, or after every one
 
@@ -62,7 +73,10 @@ class DecodeConfig:
             )
         bd = bd_size or 1
         block = self.block_size or bd
-        draft = self.draft_len or bd
+        auto_len = self.draft_len == AUTO
+        if isinstance(self.draft_len, str) and not auto_len:
+            raise DecodeSettingsError(f"draft_len must be an integer >= 2 or {AUTO!r}, got {self.draft_len!r}")
+        draft = bd if auto_len else self.draft_len or bd
         if self.steps is not None and self.steps < 1:
             raise DecodeSettingsError(f"steps must be >= 1 (default: block_size - 1), got {self.steps}")
         if self.self_spec_canvases not in SELF_SPEC_CANVASES:
@@ -77,5 +91,5 @@ class DecodeConfig:
                 raise DecodeSettingsError("block_size and draft_len must be >= 2")
         budget = denoise_budget(block, self.steps, shift=shift)
         return ResolvedDecode(
-            self.mode, block, budget, self.threshold, draft, self.fuse_commit, self.self_spec_canvases
+            self.mode, block, budget, self.threshold, draft, self.fuse_commit, self.self_spec_canvases, auto_len
         )

@@ -17,6 +17,7 @@ from bdcore.decode.config import ResolvedDecode
 from bdcore.decode.rows import Rows
 from bdcore.decode.rules import block_decided, denoise_step, first_stop, greedy_accept, speculative_accept
 from bdcore.decode.sequence import Sequence
+from bdcore.decode.speculation import AcceptanceEstimate, AutoDraft, Layout, fixed_layout
 
 
 @dataclass
@@ -180,70 +181,89 @@ class DiffusionDecoder(Decoder):
 
 
 class SelfSpecDecoder(Decoder):
-    """One forward per step over [pending, drafts, MASK x (N-1)]: the clean rows verify the drafts
-    (their logits are the AR logits), the masks draft the tokens after the last accepted one. After a
-    rejection the drafts are stale, so the next step is a cold step: [pending, MASK x (N-1)], one AR
-    token and fresh drafts after it. The prefill doubles as a cold step.
+    """One forward per step over [pending, drafts, canvases]: the clean rows verify the drafts (their
+    logits are the AR logits), each canvas of masks drafts the tokens after the clean row it follows. The
+    step's `layout` (`bdcore.decode.speculation.Layout`) says how many drafts it verifies, the canvases'
+    length, and which clean rows they follow; a driver with a policy sets it before every forward, and
+    without one it is the fixed layout of `draft_len` N and `canvases`:
 
-    `canvases="all"`: the verify forward carries a canvas of N-1 masks after *every* clean row j (at the
-    positions after it, seeing the clean rows up to j, each canvas in its own view so none sees another).
-    Whatever prefix k is accepted, the canvas after row k already drafted the tokens after the emitted AR
-    token, so every step after the prefill is a verify step: no cold steps, N + N(N-1) rows a forward."""
+    - `"last"`: N - 1 drafts and one canvas of N - 1 masks after the last clean row. After a rejection the
+      drafts are stale, so the next step is a cold step: [pending, MASK x (N-1)], one AR token and fresh
+      drafts after it. The prefill doubles as a cold step.
+    - `"all"`: a canvas after *every* clean row j (at the positions after it, seeing the clean rows up to
+      j, each canvas in its own view so none sees another). Whatever prefix k is accepted, the canvas after
+      row k already drafted the tokens after the emitted AR token, so every step after the prefill is a
+      verify step: no cold steps, N + N(N-1) rows a forward.
+
+    Any layout, any step, emits the AR head's tokens (greedy acceptance, or rejection sampling against the
+    drafts' own distributions): the layout changes speed, never the output."""
 
     def __init__(self, seq: Sequence, *, draft_len: int, canvases: str = "last"):
         super().__init__(seq)
         self.N = draft_len
-        self.all_canvases = canvases == "all"
+        self.layout = fixed_layout(draft_len, canvases if canvases != "auto" else "last")
+        self.auto: AutoDraft | None = None  # set with the next three by a driver whose policy picks layouts
+        self.options: list[Layout] = []  # the layouts it may pick
+        self.estimate: AcceptanceEstimate | None = None  # this request's acceptance
+        self.causal_run = 0  # causal steps in a row (the policy drafts again after a while, to re-measure)
+        self.last_verify: tuple[int, int] | None = None  # (drafts verified, accepted) of the last step
         self.c = len(seq.prompt_ids)  # cached tokens; the pending token sits at position c
         self.prefill = True
         self.pending: int | None = None  # emitted, not cached yet
         self.drafts: list[int] | None = None  # proposals for the positions after `pending`
         self.q: torch.Tensor | None = None  # their sampling distributions
+        self.step: Layout | None = None  # the layout of the forward in flight, drafts cut to those in hand
 
     def next_forward(self) -> Forward:
-        N, c, mask = self.N, self.c, self.seq.mask_id
-        if self.prefill:  # rows c..c+N-2 of the canvas draft positions c+1..c+N-1
-            return Forward(Rows().clean(self.seq.prompt_ids, 0).canvas([mask] * N, c), c)
-        if self.drafts is None:
-            return Forward(Rows().clean([self.pending], c).canvas([mask] * (N - 1), c + 1), 1)
-        rows = Rows().clean([self.pending, *self.drafts], c)
-        for j in range(N) if self.all_canvases else [N - 1]:  # the canvas after clean row j
-            rows.canvas([mask] * (N - 1), c + j + 1, view=1 + j)
-        return Forward(rows, N, True)
+        lay, c, mask = self.layout, self.c, self.seq.mask_id
+        if self.prefill:  # the canvas sits at the first token's place: rows c..c+L-1 draft c+1..c+L
+            rows = Rows().clean(self.seq.prompt_ids, 0)
+            if lay.canvas:
+                rows.canvas([mask] * (lay.canvas + 1), c)
+            self.step = Layout(0, lay.canvas, 0)
+            return Forward(rows, c)
+        v = min(lay.drafts, len(self.drafts)) if self.drafts else 0
+        self.step = step = Layout(v, lay.canvas, min(lay.first_canvas, v))
+        rows = Rows().clean([self.pending, *(self.drafts or [])[:v]], c)
+        for j in step.canvas_rows():  # the canvas after clean row j, in a view of its own
+            rows.canvas([mask] * step.canvas, c + j + 1, view=1 + j - step.first_canvas)
+        return Forward(rows, v + 1, v > 0)
 
     def receive(self, logits):
-        N, c, seq = self.N, self.c, self.seq
-        crop = None
+        c, seq, step = self.c, self.seq, self.step
+        seq.stats.drafted[step.canvas] += 1
+        crop, self.last_verify = None, None
         if self.prefill:
             self.prefill = False
             ar_rows = logits[c - 1 : c]  # the AR rows that produced the emitted tokens
-            emitted = [seq.token(ar_rows)]
-            self._draft(logits[c : c + N - 1])
-        elif self.drafts is None:  # cold step
+            emitted, k, canvas_at = [seq.token(ar_rows)], 0, c
+        elif step.drafts == 0:  # a cold step (a canvas drafts after the AR token) or a plain causal step
             ar_rows = logits[:1]
-            emitted = [seq.token(ar_rows)]
-            self._draft(logits[1:])
-            seq.stats.accepted[0] += 1
+            emitted, k, canvas_at = [seq.token(ar_rows)], 0, 1
+            if step.canvas:
+                seq.stats.accepted[0] += 1
             self.c += 1
-        else:  # verify N - 1 drafts
-            ar_tokens, p = seq.pick(logits[:N])
-            drafts = torch.tensor(self.drafts)
+        else:  # verify the first `step.drafts` drafts
+            v = step.drafts
+            ar_tokens, p = seq.pick(logits[: v + 1])
+            drafts = torch.tensor(self.drafts[:v])
             if seq.params.greedy:
                 k = greedy_accept(drafts, ar_tokens.cpu())
                 last = int(ar_tokens[k])
             else:
-                k, last = speculative_accept(drafts, self.q.cpu(), p.cpu(), seq.generator)
+                k, last = speculative_accept(drafts, self.q[:v].cpu(), p.cpu(), seq.generator)
             seq.stats.accepted[k] += 1
+            self.last_verify = (v, k)
+            if self.estimate is not None:
+                self.estimate.observe(v, k)
             emitted = self.drafts[:k] + [last]
             ar_rows = logits[: k + 1]
             crop = self.c = c + 1 + k  # pending + accepted drafts stay cached
-            if self.all_canvases:  # the canvas after row k drafts what follows the emitted token
-                first = N + k * (N - 1)
-                self._draft(logits[first : first + N - 1])
-            elif k == N - 1:  # all accepted: the canvas sits at the bonus token's place and drafts on
-                self._draft(logits[N:])
-            else:
-                self.drafts = None
+            canvas_at = v + 1 + (k - step.first_canvas) * step.canvas  # the canvas after row k, if any
+        if step.canvas and k >= step.first_canvas:
+            self._draft(logits[canvas_at : canvas_at + step.canvas])
+        else:
+            self.drafts = None
         self.finished = seq.out.push(emitted, seq.score(ar_rows, emitted))
         self.pending = emitted[-1]
         return crop

@@ -26,6 +26,7 @@ class DecodeStats:
     generated: int = 0
     forwards: int = 0
     accepted: Counter = field(default_factory=Counter)  # self-spec: drafts accepted per step (cold: 0)
+    drafted: Counter = field(default_factory=Counter)  # self-spec: forwards by tokens they drafted (0: causal)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -37,6 +38,7 @@ class DecodeStats:
             "forwards": self.forwards,
             "tokens_per_forward": self.tokens_per_forward,
             "accepted_histogram": {str(k): v for k, v in sorted(self.accepted.items())},
+            "draft_len_histogram": {str(k): v for k, v in sorted(self.drafted.items())},
         }
 
 

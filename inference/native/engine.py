@@ -7,11 +7,14 @@ drives many in shared forwards on the same runner.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
 
-from bdcore.decode.config import DecodeConfig
+from bdcore.decode.config import AUTO, DecodeConfig, ResolvedDecode
+from bdcore.decode.cost import RowCost, calibrate, load_or_calibrate
+from bdcore.decode.driver import DecodeDriver, Speculation
 from bdcore.decode.modes import Decoder, make_decoder
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
@@ -91,11 +94,32 @@ class TextOutput(AnswerTokens):
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, decode: DecodeConfig | None = None):
+    def __init__(self, loaded: LoadedModel, decode: DecodeConfig | None = None, *, cost: RowCost | None = None):
+        """`cost`: the forward cost by rows for `draft_len`/`self_spec_canvases` "auto" (default: measured on
+        this model and device at the first such request, or now when `decode` is auto; cached on disk)."""
         self.loaded = loaded
         self.decode = decode or DecodeConfig()
         loaded.check_mode(self.decode.mode)
         self.runner = ModelRunner.for_checkpoint(loaded.model, loaded.sidecar, loaded.mask_id)
+        self.driver = DecodeDriver(self.runner, Speculation(cost, prior=loaded.draft_prior) if cost else None)
+        self._calibrating = threading.Lock()
+        d = self.decode
+        if d.mode == "self-spec" and AUTO in (d.draft_len, d.self_spec_canvases):
+            self.speculation()
+
+    def speculation(self) -> Speculation:
+        """The self-spec policy state, measuring the forward cost first if nobody gave one."""
+        with self._calibrating:
+            if self.driver.speculation is None:
+                with self.driver.lock:  # no decode forward runs while the calibration times its own
+                    cost = load_or_calibrate(self.runner, self.loaded.path) if self.loaded.path else None
+                    cost = cost or calibrate(self.runner)
+                self.driver.speculation = Speculation(cost, prior=self.loaded.draft_prior)
+            return self.driver.speculation
+
+    def _resolve(self, decode: DecodeConfig) -> ResolvedDecode:
+        sc = self.loaded.sidecar
+        return decode.resolve(sc.bd_size if sc else None, shift=sc is None or sc.shift)
 
     def start(
         self,
@@ -115,7 +139,7 @@ class Engine:
         self.loaded.check_mode(decode.mode)
         sc = self.loaded.sidecar
         shift = sc is None or sc.shift
-        resolved = decode.resolve(sc.bd_size if sc else None, shift=shift)
+        resolved = self._resolve(decode)
         gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
         out = TextOutput(
             self.loaded.tokenizer, params, self.loaded.stop_ids, DecodeStats(), on_text, cancel, on_logprobs
@@ -124,7 +148,10 @@ class Engine:
         seq = Sequence(
             list(prompt_ids), params, gen, out, self.loaded.mask_id, self.loaded.stop_ids, block_causal, shift
         )
-        return make_decoder(resolved, seq), out
+        decoder = make_decoder(resolved, seq)
+        if (auto := resolved.auto_draft()) is not None:
+            self.speculation().attach(decoder, auto)
+        return decoder, out
 
     def generate(
         self, prompt_ids, params: SamplingParams, decode: DecodeConfig | None = None, *, on_text=None, cancel=None
@@ -132,6 +159,7 @@ class Engine:
         """Decode one request on its own (a batch of one)."""
         decoder, out = self.start(prompt_ids, params, decode, on_text=on_text, cancel=cancel)
         while not decoder.finished:
-            (logits,) = self.runner.forward([(decoder.seq.cache, decoder.next_forward())])
+            (logits,) = self.driver.forward([decoder])
             decoder.take(logits)
+            self.driver.taken([decoder])
         return out.generation()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bdcore.decode.config import MODES
+from bdcore.decode.speculation import read_draft_prior
 from bdcore.draft_adapter import load_draft_adapter
 from bdcore.gated_delta import is_hybrid
 from bdcore.sidecar import SIDECAR_NAME, Sidecar, read_sidecar
@@ -31,6 +32,8 @@ class LoadedModel:
     mask_id: int | None
     stop_ids: frozenset[int]  # end-of-turn, eos, and the block filler
     name: str
+    path: Path | None = None  # where it was loaded from (the forward-cost measurement is cached per checkpoint)
+    draft_prior: list[float] | None = None  # self-spec acceptance per draft, from the checkpoint's draft_quality.json
 
     def check_mode(self, mode: str) -> None:
         if mode not in MODES:
@@ -106,4 +109,8 @@ def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str 
             raise CheckpointError(str(e)) from e
     model = model.to(dev).eval()
     name = path.name if path.name != "final" else path.parent.name
-    return LoadedModel(model, tok, sidecar, token_id(tok, MASK_TOKEN), stop_ids(tok), name)
+    try:
+        prior = read_draft_prior(path)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from e
+    return LoadedModel(model, tok, sidecar, token_id(tok, MASK_TOKEN), stop_ids(tok), name, path, prior)

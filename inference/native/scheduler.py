@@ -31,7 +31,7 @@ class Scheduler:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.engine, self.max_batch = engine, max_batch
-        self.runner = engine.runner
+        self.driver = engine.driver
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -66,8 +66,7 @@ class Scheduler:
                 except queue.Empty:
                     break
             try:
-                batch = [(job.decoder.seq.cache, job.decoder.next_forward()) for job in active]
-                logits = self.runner.forward(batch)
+                logits = self.driver.forward([job.decoder for job in active])
             except Exception as e:  # the forward itself failed: every request in it fails
                 for job in active:
                     job.error = e
@@ -83,4 +82,5 @@ class Scheduler:
                 except BaseException as e:  # Cancelled, or a bug: reported to the request's own caller
                     job.error = e
                     job.done.set()
+            self.driver.taken([job.decoder for job in active])
             active = [j for j in active if not j.done.is_set()]

@@ -12,7 +12,7 @@ streaming.py       SSE streaming, holding back text that may be a tool call
 responses.py       the reply shapes of chat and completions (one builder), usage, ids
 token_text.py      each answer token's share of the reply's text (logprobs token strings, text_offset)
 tool_calls.py      Hermes/Qwen <tool_call> parsing, the streaming hold-back boundary, forced prefixes
-prometheus.py      running totals for /metrics in the Prometheus text format
+prometheus.py      /metrics on prometheus_client: counters, latency/forward/draft histograms, cost
 """
 
 from inference.server.app import create_app

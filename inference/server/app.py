@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference.native.engine import DecodeConfig
@@ -92,8 +93,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/metrics")
     async def prometheus():
-        batch_sizes = dict(state.scheduler.batch_sizes)
-        return PlainTextResponse(state.metrics.render(batch_sizes), media_type="text/plain; version=0.0.4")
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

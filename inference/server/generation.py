@@ -72,6 +72,7 @@ async def reply_in_full(
         generated=sum(g.stats.generated for g in gens),
         forwards=sum(g.stats.forwards for g in gens),
         accepted=sum((g.stats.accepted for g in gens), Counter()),
+        drafted=sum((g.stats.drafted for g in gens), Counter()),
     )
     latency = time.perf_counter() - t0
     state.metrics.record(req.kind, req.decode.mode, 200, prompt_tokens=n_prompt, stats=stats, latency=latency)

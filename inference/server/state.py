@@ -44,6 +44,8 @@ class ServerState:
     ) -> ServerState:
         engine = Engine(loaded, decode)
         scheduler = Scheduler(engine, max_batch)
+        metrics = ServerMetrics()
+        metrics.watch(engine.driver, scheduler.batch_sizes)
         # Each in-flight request blocks a thread until it ends; asyncio's default pool holds cores + 4 threads
         # (6 on a 2-core machine), which would cap the scheduler's batch below --max-batch. Queued requests
         # hold threads too, so the pool has room beyond the batch.
@@ -53,7 +55,7 @@ class ServerState:
             decode=decode,
             engine=engine,
             scheduler=scheduler,
-            metrics=ServerMetrics(),
+            metrics=metrics,
             workers=workers,
             model_name=model_name,
             default_max_tokens=default_max_tokens,

@@ -1,0 +1,123 @@
+"""What a decode forward costs: seconds by rows in the forward, measured on the loaded model and device.
+
+A forward pads every sequence's rows to the longest, so its cost is a function of batch x longest row list
+(`rows` below). `calibrate` times forwards of 1, 2, 4, ... rows over a cached context at start-up;
+`RowCost` interpolates between the measured points (linearly; beyond the last, along the last segment)
+and follows live timings (`observe`: a moving average per row count seen). `load_or_calibrate` keeps the
+measurement in a JSON file per checkpoint, device, dtype and thread count, so a restart does not measure
+again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from bisect import bisect_left
+from pathlib import Path
+
+import torch
+
+from bdcore.decode.modes import Forward
+from bdcore.decode.rows import Rows
+from bdcore.decode.sequence import SequenceCache
+
+SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CONTEXT = 128  # cached tokens the calibration forwards attend to
+LIVE_WEIGHT = 0.2  # weight of a new live timing in its row count's moving average
+
+
+class RowCost:
+    """Seconds of one decode forward by its rows (batch x longest row list)."""
+
+    def __init__(self, points: dict[int, float]):
+        if not points or any(r < 1 or s <= 0 for r, s in points.items()):
+            raise ValueError(f"a row cost needs positive timings at row counts >= 1, got {points}")
+        self.points = dict(points)
+
+    def __call__(self, rows: int) -> float:
+        xs = sorted(self.points)
+        if len(xs) == 1:
+            return self.points[xs[0]] * max(rows, 1) / xs[0] if rows > xs[0] else self.points[xs[0]]
+        if rows <= xs[0]:
+            return self.points[xs[0]]
+        i = min(max(bisect_left(xs, rows), 1), len(xs) - 1)
+        x0, x1 = xs[i - 1], xs[i]
+        y0, y1 = self.points[x0], self.points[x1]
+        return max(y0 + (y1 - y0) * (rows - x0) / (x1 - x0), 1e-9)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """A live forward of `rows` took `seconds`."""
+        if rows < 1 or not seconds > 0:
+            return
+        old = self.points.get(rows)
+        self.points[rows] = seconds if old is None else (1 - LIVE_WEIGHT) * old + LIVE_WEIGHT * seconds
+
+    def to_dict(self) -> dict[str, float]:
+        return {str(r): s for r, s in sorted(self.points.items())}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def calibrate(runner, *, sizes=SIZES, context: int = CONTEXT, repeats: int = 3) -> RowCost:
+    """Median seconds of `repeats` forwards of each row count in `sizes` (clean rows, none kept) after one
+    untimed warm-up, over a cache of `context` tokens, on `runner`'s model and device; a row count never
+    costs more than a larger one (timing noise is cut)."""
+    vocab = runner.model.config.vocab_size
+    cache = SequenceCache()
+    tokens = [(7 * i + 3) % vocab for i in range(context + max(sizes))]
+    runner.forward([(cache, Forward(Rows().clean(tokens[:context], 0), context))])
+    points = {}
+    for r in sizes:
+        times = []
+        for rep in range(repeats + 1):
+            op = Forward(Rows().clean(tokens[context : context + r], context), 0)
+            _sync(runner.device)
+            t = time.perf_counter()
+            runner.forward([(cache, op)])
+            _sync(runner.device)
+            if rep:  # the first is a warm-up
+                times.append(time.perf_counter() - t)
+        points[r] = sorted(times)[len(times) // 2]
+    for r, bigger in zip(sizes[-2::-1], sizes[:0:-1]):  # fewer rows never cost more: timing noise aside
+        points[r] = min(points[r], points[bigger])
+    return RowCost(points)
+
+
+def cache_key(checkpoint: str | os.PathLike, device: torch.device, dtype: torch.dtype) -> str:
+    """One measurement per checkpoint (its path and config time), device, dtype, torch and thread count."""
+    path = Path(checkpoint).resolve()
+    config = path / "config.json"
+    stamp = config.stat().st_mtime_ns if config.is_file() else 0
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu{os.cpu_count()}"
+    text = f"{path}|{stamp}|{name}|{dtype}|{torch.__version__}|{torch.get_num_threads()}|{SIZES}|{CONTEXT}"
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("BDSTACK_CACHE_DIR", Path.home() / ".cache" / "bdstack")) / "row_cost"
+
+
+def load_or_calibrate(runner, checkpoint, *, progress=None) -> RowCost:
+    """The cached measurement for this checkpoint and device, or a new one (written to the cache)."""
+    dtype = next(runner.model.parameters()).dtype
+    path = cache_dir() / f"{cache_key(checkpoint, runner.device, dtype)}.json"
+    if path.is_file():
+        try:
+            return RowCost({int(r): float(s) for r, s in json.loads(path.read_text())["seconds"].items()})
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged cache file is measured again
+    if progress is not None:
+        progress(f"measuring decode forward cost by rows ({', '.join(map(str, SIZES))}) on {runner.device}")
+    cost = calibrate(runner)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"checkpoint": str(Path(checkpoint).resolve()), "device": str(runner.device), "dtype": str(dtype)}
+        path.write_text(json.dumps({**record, "seconds": cost.to_dict()}, indent=1) + "\n")
+    except OSError:
+        pass  # a read-only home: measure again next time
+    return cost

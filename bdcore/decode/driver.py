@@ -1,0 +1,111 @@
+"""One decode step over decoders that share a runner: choose self-spec layouts, run the forward, time it.
+
+`DecodeDriver.forward(decoders)` is what the engine's one-request loop and the batched scheduler call:
+where a `Speculation` is attached (self-spec with `--draft-len auto` or `--self-spec-canvases auto`), it
+first sets every such decoder's layout for this forward from the measured cost and acceptance, then runs
+the decoders' next forwards as one runner call, feeds the forward's wall time back to the cost model
+(forwards without a prompt in them: a prompt's forward is not a decode step), and returns the logits for
+the caller to hand to each decoder's `take`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from bdcore.decode.cost import RowCost
+from bdcore.decode.modes import Decoder, SelfSpecDecoder
+from bdcore.decode.speculation import PROBE_EVERY, AcceptanceEstimate, AutoDraft, Layout, SpeculationPolicy, layouts
+
+POOL_CAP = 4096  # pooled observations of draft 1 kept before old ones are halved away (the estimate follows drift)
+
+
+class Speculation:
+    """The engine's self-spec policy state: the forward cost by rows, the acceptance pooled over every
+    request (each new request starts from it), and the layout choice."""
+
+    def __init__(self, cost: RowCost, *, prior: list[float] | None = None):
+        self.cost = cost
+        self.pooled = AcceptanceEstimate(prior or [0.5], strength=8.0)
+        self.policy = SpeculationPolicy(cost)
+
+    def attach(self, decoder: SelfSpecDecoder, auto: AutoDraft) -> None:
+        """Leave `decoder`'s layouts to this policy, within `auto`."""
+        decoder.auto = auto
+        decoder.options = layouts(auto.max_drafts, auto.canvases, auto.fixed_drafts)
+        decoder.estimate = AcceptanceEstimate(self.pooled.rates(auto.max_drafts), strength=4.0)
+        decoder.causal_run = 0
+
+    def plan(self, decoders: list[Decoder]) -> None:
+        """Set the layout of every attached self-spec decoder for the coming forward."""
+        auto = [d for d in decoders if _auto(d)]
+        if not auto:
+            return
+        fixed = [d.next_forward() for d in decoders if not _auto(d)]
+        other_rows = max((len(f.rows.tokens) for f in fixed), default=1)
+        options = []
+        for d in auto:
+            opts = d.options
+            if d.causal_run >= PROBE_EVERY:  # re-measure acceptance now and then, or causal is forever
+                opts = [o for o in opts if o.drafts > 0] or opts
+            options.append(opts)
+        rates = [d.estimate.rates(d.auto.max_drafts) for d in auto]
+        for d, layout in zip(auto, self.policy.choose(rates, options, others=len(fixed), other_rows=other_rows)):
+            d.layout = layout
+            d.causal_run = d.causal_run + 1 if layout.canvas == 0 else 0
+
+    def observe(self, decoders: list[Decoder]) -> None:
+        """Pool what this forward's verify steps accepted."""
+        for d in decoders:
+            if _auto(d) and d.last_verify is not None:
+                self.pooled.observe(*d.last_verify)
+        if self.pooled.attempted and self.pooled.attempted[0] > POOL_CAP:
+            self.pooled.attempted = [n // 2 for n in self.pooled.attempted]
+            self.pooled.accepted = [n // 2 for n in self.pooled.accepted]
+
+
+def _auto(d: Decoder) -> bool:
+    return isinstance(d, SelfSpecDecoder) and d.auto is not None
+
+
+class DecodeDriver:
+    def __init__(self, runner, speculation: Speculation | None = None):
+        self.runner, self.speculation = runner, speculation
+        self.lock = threading.Lock()  # one forward at a time on the runner (a calibration takes it too)
+        # Called after every forward with (rows: batch x longest row list, seconds, decoding: no prompt in it),
+        # e.g. the server's /metrics histograms.
+        self.observers: list = []
+
+    def forward(self, decoders: list[Decoder]) -> list[torch.Tensor]:
+        """The logits of every decoder's next forward, run as one runner call."""
+        with self.lock:
+            return self._forward(decoders)
+
+    def _forward(self, decoders: list[Decoder]) -> list[torch.Tensor]:
+        if self.speculation is not None:
+            self.speculation.plan(decoders)
+        batch = [(d.seq.cache, d.next_forward()) for d in decoders]
+        decoding = all(cache.length for cache, _ in batch)
+        start = time.perf_counter()
+        logits = self.runner.forward(batch)
+        if self.speculation is None and not self.observers:
+            return logits
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)
+        seconds = time.perf_counter() - start
+        rows = len(batch) * max(len(op.rows.tokens) for _, op in batch)
+        if self.speculation is not None and decoding:
+            self.speculation.cost.observe(rows, seconds)
+        for observe in self.observers:
+            observe(rows, seconds, decoding)
+        return logits
+
+    def taken(self, decoders: list[Decoder]) -> None:
+        """After the decoders took their logits: pool their acceptance."""
+        if self.speculation is not None:
+            self.speculation.observe(decoders)
+
+
+__all__ = ["AutoDraft", "DecodeDriver", "Layout", "Speculation"]

@@ -1,0 +1,215 @@
+"""How much self-spec drafts each step: a layout chosen from the measured forward cost and acceptance.
+
+Self-spec is lossless for any sequence of layouts (every emitted token is the AR head's, greedy or by
+rejection sampling), so the only thing a layout changes is speed. A step's layout (`Layout`) says how many
+of the drafts in hand it verifies, how long the canvases that draft the next step are, and after which
+clean rows they sit: after the last only (linear: a rejection leaves no drafts, so the next step is a cold
+step), after every one (all canvases: whatever prefix is accepted, its drafts are ready), or after every
+row from the `first_canvas`-th on (a rejection before it costs a cold step). `drafts = canvas = 0` is a
+plain causal step.
+
+`SpeculationPolicy.choose` picks, for every sequence of a forward at once, the layout that maximises the
+expected tokens emitted per second of the whole forward: acceptance from `AcceptanceEstimate` (what the
+request has observed, pulled towards the engine's pooled estimate and the checkpoint's prior), cost from
+`bdcore.decode.cost.RowCost` (forward seconds by rows in the forward, batch padding included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CANVAS_CHOICES = ("last", "all", "auto")
+DRAFT_QUALITY_NAME = "draft_quality.json"  # in a checkpoint: the trainer's last drafting-metric figures
+PROBE_EVERY = 32  # causal steps before a request drafts again to re-measure its acceptance
+
+
+@dataclass(frozen=True)
+class AutoDraft:
+    """What a self-spec request leaves to the policy: its longest draft and its canvas choice."""
+
+    max_drafts: int  # N - 1
+    canvases: str  # "last" | "all" | "auto"
+    fixed_drafts: int | None  # None: the draft length is chosen too
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One self-spec step: verify `drafts` drafts (clean rows [pending, d1..d_drafts]), and draft the next
+    step with canvases of `canvas` masks after the clean rows `first_canvas`..`drafts`."""
+
+    drafts: int
+    canvas: int
+    first_canvas: int = 0
+
+    @property
+    def rows(self) -> int:
+        return 1 + self.drafts + (self.drafts + 1 - self.first_canvas) * self.canvas if self.canvas else 1 + self.drafts
+
+    def canvas_rows(self) -> range:
+        """The clean rows (0 = the pending token) a canvas follows."""
+        return range(self.first_canvas, self.drafts + 1) if self.canvas else range(0)
+
+
+def fixed_layout(draft_len: int, canvases: str) -> Layout:
+    """Today's fixed settings: N - 1 drafts a step, canvases of N - 1 after the last row or after every row."""
+    n = draft_len - 1
+    return Layout(n, n, n if canvases == "last" else 0)
+
+
+@dataclass
+class AcceptanceEstimate:
+    """P(draft j accepted | drafts 1..j-1 were), j = 1.., from observed verify steps and a prior.
+
+    `prior[j-1]` is the prior rate of draft j (the last value repeats for later drafts), worth `strength`
+    observations; a rate estimate is (accepted + strength * prior) / (attempted + strength)."""
+
+    prior: list[float]
+    strength: float = 4.0
+    attempted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def observe(self, verified: int, accepted: int) -> None:
+        """A verify step of `verified` drafts accepted the first `accepted`: drafts 1..accepted+1 (at most
+        `verified`) were tried, 1..accepted passed."""
+        tried = min(accepted + 1, verified)
+        if len(self.attempted) < tried:
+            grow = tried - len(self.attempted)
+            self.attempted += [0] * grow
+            self.accepted += [0] * grow
+        for j in range(tried):
+            self.attempted[j] += 1
+            self.accepted[j] += j < accepted
+
+    def prior_rate(self, j: int) -> float:
+        return self.prior[min(j, len(self.prior) - 1)] if self.prior else 0.5
+
+    def rates(self, n: int) -> list[float]:
+        out = []
+        for j in range(n):
+            tried = self.attempted[j] if j < len(self.attempted) else 0
+            took = self.accepted[j] if j < len(self.accepted) else 0
+            out.append((took + self.strength * self.prior_rate(j)) / (tried + self.strength))
+        return out
+
+
+def prior_from_quality(first_accept: float, mean_accepted: float, draft_len: int) -> list[float]:
+    """Per-draft acceptance rates from two drafting-metric figures (`bdcore.decode.draft_quality`): draft
+    1 at `first_accept`, the later ones at the constant rate a with first_accept * (1 + a + ... + a^(N-2))
+    = mean_accepted (solved by bisection), kept within [0.02, 0.98]."""
+    a1 = min(max(first_accept, 0.02), 0.98)
+    n = max(draft_len - 1, 1)
+
+    def mean(a: float) -> float:
+        return a1 * sum(a**i for i in range(n))
+
+    lo, hi = 0.0, 0.98
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mean(mid) < mean_accepted else (lo, mid)
+    return [a1, min(max(lo, 0.02), 0.98)]
+
+
+def read_draft_prior(checkpoint: str | os.PathLike) -> list[float] | None:
+    """The per-draft acceptance prior a checkpoint's `draft_quality.json` implies, if it has one."""
+    path = Path(checkpoint) / DRAFT_QUALITY_NAME
+    if not path.is_file():
+        return None
+    try:
+        q = json.loads(path.read_text())
+        return prior_from_quality(float(q["draft_first_accept"]), float(q["draft_mean_accepted"]), int(q["draft_len"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: unreadable drafting figures ({e}); delete it or write it again") from e
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """A layout used step after step: tokens emitted and forwards taken per verify step (a rejection
+    before the first canvas adds a cold step), and the rows of each forward."""
+
+    tokens: float
+    forwards: float
+    verify_rows: int
+    cold_rows: int  # a cold step's forward: [pending] + one canvas
+    p_cold: float  # chance a verify step leaves no drafts
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / self.forwards
+
+
+def cycle(layout: Layout, rates: list[float]) -> Cycle:
+    """Expected tokens of one verify step of `layout` given per-draft acceptance `rates`: 1 + sum_j A_j
+    with A_j = a_1 ... a_j; a rejection before `first_canvas` (chance 1 - A_first) costs a cold step."""
+    n, m = layout.drafts, layout.first_canvas
+    if layout.canvas == 0:
+        return Cycle(1.0, 1.0, layout.rows, 1, 0.0)
+    chain, A = [1.0], 1.0
+    for j in range(n):
+        A *= rates[j]
+        chain.append(A)
+    p_cold = 1.0 - chain[m]
+    return Cycle(sum(chain) + p_cold, 1.0 + p_cold, layout.rows, 1 + layout.canvas, p_cold)
+
+
+def layouts(max_drafts: int, canvases: str, fixed: int | None) -> list[Layout]:
+    """The layouts a policy may pick: `fixed` drafts (None: 0 = causal .. max_drafts) and canvases after
+    the last row, after every row, or ("auto") after every row from any first one on."""
+    counts = [fixed] if fixed is not None else range(max_drafts + 1)
+    out = []
+    for n in counts:
+        if n == 0:
+            out.append(Layout(0, 0, 0))
+            continue
+        firsts = {"last": [n], "all": [0], "auto": range(n + 1)}[canvases]
+        out += [Layout(n, n, m) for m in firsts]
+    return out
+
+
+class SpeculationPolicy:
+    """Chooses every self-spec sequence's layout for the next forward of a batch (see the module doc).
+
+    Alone in its forward, a sequence takes the layout whose cycle emits the most tokens per second:
+    cycle tokens / (cost(verify rows) + p_cold * cost(cold rows)). In a batch every sequence's rows are
+    padded to the longest, so the forward costs cost(batch * longest): for each candidate longest row
+    count Q, each sequence takes its best tokens per forward within Q rows, and the Q with the most tokens
+    per second for the batch wins."""
+
+    def __init__(self, cost):
+        self.cost = cost
+
+    def choose(
+        self, rates: list[list[float]], options: list[list[Layout]], others: int = 0, other_rows: int = 1
+    ) -> list[Layout]:
+        """Layouts for sequences with per-draft acceptance `rates[i]` choosing among `options[i]`, sharing
+        the forward with `others` sequences whose rows are fixed (the longest has `other_rows`), each of
+        which emits one token a forward as far as this choice can tell."""
+        if len(rates) == 1 and others == 0:
+            r = rates[0]
+
+            def speed(o: Layout) -> float:
+                c = cycle(o, r)
+                return c.tokens / (self.cost(c.verify_rows) + c.p_cold * self.cost(c.cold_rows))
+
+            return [max(options[0], key=speed)]
+        cycles = [[(o, cycle(o, r)) for o in opts] for r, opts in zip(rates, options)]
+        floor = other_rows if others else 1
+        caps = sorted({o.rows for opts in options for o in opts if o.rows >= floor} | {floor})
+        batch = len(rates) + others
+        best, best_speed = None, -1.0
+        for cap in caps:
+            picks = []
+            for opts in cycles:
+                fit = [oc for oc in opts if oc[0].rows <= cap]
+                picks.append(max(fit, key=lambda oc: oc[1].tokens_per_forward) if fit else min(opts, key=_rows))
+            tokens = sum(c.tokens_per_forward for _, c in picks) + others
+            speed = tokens / self.cost(batch * max([floor] + [o.rows for o, _ in picks]))
+            if speed > best_speed:
+                best, best_speed = [o for o, _ in picks], speed
+        return best
+
+
+def _rows(oc) -> int:
+    return oc[0].rows

@@ -1,0 +1,74 @@
+"""The decode forward's cost by rows, per dtype, side by side: what the self-spec policy's cost model sees.
+
+    python -m benchmark.row_cost runs/smollm2/base --dtypes fp32,bf16 --json runs/row_cost.json
+
+For each dtype the checkpoint is loaded and `bdcore.decode.cost.calibrate` times forwards of 1, 2, 4, ...
+rows over a cached context (median of `--repeats` after a warm-up; the engine's own start-up measurement,
+not read from the cache). The table gives seconds per forward by rows, each dtype's ratio to the first one
+at that row count, and each curve's cost relative to its own 1-row forward (how much a row costs: the slope
+that decides how much self-spec can draft for free).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def measure(checkpoint: str, dtypes: list[str], *, context: int, repeats: int, sizes) -> dict[str, dict[int, float]]:
+    from bdcore.decode.cost import calibrate
+    from bdcore.decode.runner import ModelRunner
+    from inference.native.loading import load_checkpoint
+
+    curves = {}
+    for dtype in dtypes:
+        loaded = load_checkpoint(checkpoint, dtype=dtype)
+        runner = ModelRunner.for_checkpoint(loaded.model, loaded.sidecar, loaded.mask_id)
+        curves[dtype] = calibrate(runner, sizes=sizes, context=context, repeats=repeats).points
+        del loaded, runner
+    return curves
+
+
+def table(curves: dict[str, dict[int, float]]) -> str:
+    names = list(curves)
+    first = curves[names[0]]
+    head = " | ".join(f"{n} ms | {n} vs 1 row" + (f" | {n} vs {names[0]}" if n != names[0] else "") for n in names)
+    lines = [f"| rows | {head} |", "|---" * (1 + sum(3 if n != names[0] else 2 for n in names)) + "|"]
+    for r in sorted(first):
+        cells = []
+        for n in names:
+            c = curves[n]
+            cells += [f"{1000 * c[r]:.1f}", f"{c[r] / c[min(c)]:.2f}x"]
+            if n != names[0]:
+                cells.append(f"{c[r] / first[r]:.2f}x")
+        lines.append(f"| {r} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmark.row_cost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("checkpoint")
+    p.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (default fp32,bf16)")
+    p.add_argument("--sizes", default="1,2,4,8,16,32,64,128,256", help="row counts (default 1,2,...,256)")
+    p.add_argument("--context", type=int, default=128, help="cached tokens the forwards attend to (default 128)")
+    p.add_argument("--repeats", type=int, default=5, help="timed forwards per row count (default 5)")
+    p.add_argument("--json", default=None, help="also write the curves here")
+    args = p.parse_args(argv)
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if bad := [d for d in dtypes if d not in ("fp32", "bf16", "fp16")]:
+        p.error(f"--dtypes: unknown {bad}; choose from fp32, bf16, fp16")
+    sizes = tuple(int(x) for x in args.sizes.split(",") if x)
+    curves = measure(args.checkpoint, dtypes, context=args.context, repeats=args.repeats, sizes=sizes)
+    command = "python -m benchmark.row_cost " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"{command}\n\n{table(curves)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"command": command, "seconds": curves}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""Self-spec with the draft length and canvases chosen each step (`--draft-len auto`,
+`--self-spec-canvases auto`): the cost model, the acceptance estimate and the policy against hand-computed
+cases and an independent simulation, and the engine's output under any sequence of choices (the reference
+decoder replaying the engine's choices; greedy == causal; sampled == the AR law)."""
+
+import random
+from collections import Counter
+
+import pytest
+
+from bdcore.decode.cost import RowCost, calibrate, load_or_calibrate
+from bdcore.decode.sampling import SamplingParams
+from bdcore.decode.speculation import (
+    AcceptanceEstimate,
+    Layout,
+    SpeculationPolicy,
+    cycle,
+    layouts,
+    prior_from_quality,
+    read_draft_prior,
+)
+from inference.native.engine import DecodeConfig, Engine
+from inference.native.loading import load_checkpoint
+from inference.native.scheduler import Scheduler
+from tests import reference_decoder as ref
+from tests.test_invariant_4_self_spec import _prompts, ar_law, total_variation
+from tests.tiny import tiny_checkpoint
+
+# ---- the pieces, by hand -------------------------------------------------------------------------------
+
+
+def test_layout_rows_and_canvas_rows():
+    assert Layout(3, 3, 3).rows == 1 + 3 + 3  # linear: one canvas after the last row
+    assert Layout(3, 3, 0).rows == 4 * 4  # all canvases: N + N(N-1) with N = 4
+    assert Layout(3, 2, 2).rows == 4 + 2 * 2
+    assert Layout(0, 0, 0).rows == 1 and list(Layout(0, 0, 0).canvas_rows()) == []
+    assert list(Layout(3, 3, 1).canvas_rows()) == [1, 2, 3]
+
+
+def test_cycle_by_hand():
+    a = [0.5, 0.4]
+    lin = cycle(Layout(2, 2, 2), a)  # 1 + 0.5 + 0.2 tokens, and a rejection (0.8) costs a cold step
+    assert lin.tokens == pytest.approx(1 + 0.5 + 0.2 + 0.8) and lin.forwards == pytest.approx(1.8)
+    assert (lin.verify_rows, lin.cold_rows, lin.p_cold) == (5, 3, pytest.approx(0.8))
+    every = cycle(Layout(2, 2, 0), a)  # never cold
+    assert every.tokens == pytest.approx(1.7) and every.forwards == 1 and every.p_cold == 0
+    mid = cycle(Layout(2, 2, 1), a)  # cold only when draft 1 is rejected
+    assert mid.tokens == pytest.approx(1.7 + 0.5) and mid.forwards == pytest.approx(1.5)
+    causal = cycle(Layout(0, 0, 0), a)
+    assert causal.tokens_per_forward == 1 and causal.verify_rows == 1
+
+
+def test_acceptance_estimate_by_hand():
+    e = AcceptanceEstimate([0.5, 0.25], strength=2.0)
+    assert e.rates(3) == [0.5, 0.25, 0.25]  # the last prior value repeats
+    e.observe(3, 1)  # draft 1 accepted, draft 2 rejected, draft 3 never tried
+    e.observe(3, 3)  # all three accepted
+    assert e.attempted == [2, 2, 1] and e.accepted == [2, 1, 1]
+    assert e.rates(3) == pytest.approx([(2 + 1) / 4, (1 + 0.5) / 4, (1 + 0.5) / 3])
+    e.observe(1, 0)
+    assert e.attempted == [3, 2, 1] and e.accepted == [2, 1, 1]
+
+
+def test_prior_from_quality_recovers_a_geometric_chain():
+    a1, a, n = 0.6, 0.7, 7
+    mean = a1 * sum(a**i for i in range(n))
+    got = prior_from_quality(a1, mean, n + 1)
+    assert got[0] == pytest.approx(a1) and got[1] == pytest.approx(a, abs=1e-6)
+
+
+def test_read_draft_prior(tmp_path):
+    assert read_draft_prior(tmp_path) is None
+    path = tmp_path / "draft_quality.json"
+    path.write_text('{"draft_first_accept": 0.5, "draft_mean_accepted": 0.5, "draft_len": 8}')
+    assert read_draft_prior(tmp_path)[0] == pytest.approx(0.5) and read_draft_prior(tmp_path)[1] < 0.03
+    path.write_text('{"draft_first_accept": 0.5}')
+    with pytest.raises(ValueError, match="draft_quality.json"):
+        read_draft_prior(tmp_path)
+
+
+def test_row_cost_interpolates_and_follows_live_timings():
+    cost = RowCost({1: 1.0, 4: 2.5, 8: 3.0})
+    assert cost(1) == 1.0 and cost(2) == pytest.approx(1.5) and cost(6) == pytest.approx(2.75)
+    assert cost(16) == pytest.approx(4.0)  # beyond the last point: along the last segment
+    assert cost(0) == 1.0
+    cost.observe(4, 4.5)
+    assert cost(4) == pytest.approx(0.8 * 2.5 + 0.2 * 4.5)
+    with pytest.raises(ValueError, match="positive"):
+        RowCost({1: 0.0})
+
+
+def _simulated_speed(layout: Layout, rates, cost, steps=20000, seed=0) -> float:
+    """Tokens per second of a layout used at every step, by simulation: drafts accepted one by one with
+    probability rates[j] until a rejection, cold steps when no canvas followed the accepted prefix."""
+    rng = random.Random(seed)
+    tokens = seconds = 0.0
+    warm = False
+    for _ in range(steps):
+        if layout.canvas == 0:
+            tokens, seconds = tokens + 1, seconds + cost(1)
+            continue
+        if not warm:
+            tokens, seconds, warm = tokens + 1, seconds + cost(1 + layout.canvas), True
+            continue
+        k = 0
+        while k < layout.drafts and rng.random() < rates[k]:
+            k += 1
+        tokens, seconds = tokens + k + 1, seconds + cost(layout.rows)
+        warm = k >= layout.first_canvas
+    return tokens / seconds
+
+
+@pytest.mark.parametrize(
+    "rates,points",
+    [
+        ([0.9] * 7, {1: 1.0, 64: 1.2}),  # good drafts, rows nearly free: draft long, every canvas
+        ([0.9] * 7, {1: 1.0, 8: 1.6, 64: 6.0}),  # good drafts, rows cost: a shorter, linear layout
+        ([0.1] * 7, {1: 1.0, 8: 1.5, 64: 4.0}),  # bad drafts: causal
+        ([0.7, 0.5, 0.3, 0.2, 0.1, 0.1, 0.1], {1: 1.0, 16: 1.3, 64: 2.9}),  # the CPU's measured shape
+    ],
+)
+def test_policy_picks_the_fastest_layout_of_an_independent_simulation(rates, points):
+    cost = RowCost(points)
+    options = layouts(7, "auto", None)
+    (picked,) = SpeculationPolicy(cost).choose([rates], [options])
+    speeds = {o: _simulated_speed(o, rates, cost) for o in options}
+    best = max(speeds.values())
+    assert speeds[picked] >= 0.97 * best, (picked, speeds[picked], max(speeds, key=speeds.get), best)
+
+
+def test_policy_by_case():
+    free = RowCost({1: 1.0, 4096: 1.0})
+    steep = RowCost({1: 1.0, 2: 2.0})
+    opts = [layouts(7, "auto", None)]
+    assert SpeculationPolicy(free).choose([[0.9] * 7], opts)[0] == Layout(7, 7, 0)
+    assert SpeculationPolicy(steep).choose([[0.9] * 7], opts)[0] == Layout(0, 0, 0)
+    assert SpeculationPolicy(RowCost({1: 1.0, 2: 1.1})).choose([[0.0] * 7], opts)[0] == Layout(0, 0, 0)
+    # The canvases choice only: draft length fixed at 3
+    fixed = [layouts(7, "auto", 3)]
+    assert {o.drafts for o in fixed[0]} == {3}
+    assert SpeculationPolicy(free).choose([[0.9] * 7], fixed)[0] == Layout(3, 3, 0)
+
+
+def test_batch_policy_drafts_less_when_the_batch_fills_the_forward():
+    """Rows nearly free up to 64, then linear in rows: alone, a request drafts with every canvas; in a
+    batch of 16 the same rows would cost 16x, so the choice shrinks."""
+    cost = RowCost({1: 1.0, 64: 1.1, 1024: 16.0})
+    rates = [0.8] * 7
+    opts = layouts(7, "auto", None)
+    alone = SpeculationPolicy(cost).choose([rates], [opts])[0]
+    batch = SpeculationPolicy(cost).choose([rates] * 16, [opts] * 16)
+    assert alone.rows > 16
+    assert all(o.rows * 16 <= 256 for o in batch), batch
+
+    # and the choice is the best of every common cap, by brute force over uniform choices
+    def batch_speed(o):
+        return 16 * cycle(o, rates).tokens_per_forward / cost(16 * o.rows)
+
+    assert batch_speed(batch[0]) >= 0.99 * max(batch_speed(o) for o in opts)
+
+
+def test_a_causal_request_in_the_batch_counts_its_rows():
+    cost = RowCost({1: 1.0, 8: 1.0, 64: 8.0})
+    opts = layouts(7, "auto", None)
+    (alone,) = SpeculationPolicy(cost).choose([[0.9] * 7], [opts])
+    (beside,) = SpeculationPolicy(cost).choose([[0.9] * 7], [opts], others=7, other_rows=1)
+    assert alone.rows > 8 and beside.rows <= 8
+
+
+# ---- the engine under chosen layouts ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
+def checkpoint(request, tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp(request.param), arch=request.param, bd_size=4)
+
+
+class RandomPolicy:
+    """Picks a random layout among each sequence's options and records the choices."""
+
+    def __init__(self, seed):
+        self.rng, self.picks = random.Random(seed), []
+
+    def choose(self, rates, options, others=0, other_rows=1):
+        out = [self.rng.choice(o) for o in options]
+        self.picks.append(out)
+        return out
+
+
+def _random_engine(loaded, seed, canvases="auto"):
+    decode = DecodeConfig(mode="self-spec", draft_len="auto", self_spec_canvases=canvases)
+    engine = Engine(loaded, decode, cost=RowCost({1: 1.0}))
+    policy = RandomPolicy(seed)
+    engine.driver.speculation.policy = policy
+    return engine, policy
+
+
+def test_engine_equals_the_reference_decoder_for_random_layouts(checkpoint, monkeypatch, tmp_path):
+    monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path))
+    loaded = load_checkpoint(checkpoint)
+    sc = loaded.sidecar
+    model = ref.ReferenceModel(checkpoint, mask_id=loaded.mask_id, clean_causal=True, within_block_causal=False)
+    causal = Engine(loaded, DecodeConfig(mode="causal"))
+    accepted, kinds = Counter(), Counter()
+    for i, ids in enumerate(_prompts(loaded.tokenizer, 10, seed=11)):
+        engine, policy = _random_engine(loaded, seed=i)
+        got = engine.generate(ids, SamplingParams(max_tokens=20))
+        chosen = iter([(p.drafts, p.canvas, p.first_canvas) for (p,) in policy.picks])
+        want = ref.self_spec(
+            model,
+            ids,
+            draft_len=sc.bd_size,
+            max_tokens=20,
+            stop_ids=loaded.stop_ids,
+            mask_id=loaded.mask_id,
+            layouts=chosen,
+        )
+        assert got.tokens == want.tokens == causal.generate(ids, SamplingParams(max_tokens=20)).tokens
+        assert got.stats.forwards == want.forwards == len(policy.picks)
+        assert got.stats.accepted == want.accepted
+        accepted.update(got.stats.accepted)
+        kinds.update(
+            "causal" if p.canvas == 0 else "all" if p.first_canvas == 0 else "partial" for (p,) in policy.picks
+        )
+    assert sum(k * v for k, v in accepted.items()) > 0, "drafts were accepted"
+    assert min(kinds[k] for k in ("causal", "all", "partial")) > 0, kinds
+
+
+@pytest.mark.e2e
+def test_sampled_self_spec_with_random_layouts_follows_the_ar_distribution(tmp_path):
+    """The joint law of 4 sampled tokens under random layouts (rejection sampling on any prefix of the
+    drafts, cold and causal steps between) matches the exact AR law, by enumeration."""
+    loaded = load_checkpoint(tiny_checkpoint(tmp_path / "m", arch="qwen3", bd_size=4))
+    ids = _prompts(loaded.tokenizer, 1, seed=5)[0]
+    params = dict(temperature=1.0, top_k=2, max_tokens=4)
+    exact = ar_law(loaded, ids, params)
+    engine, policy = _random_engine(loaded, seed=0)
+    seen = Counter(tuple(engine.generate(ids, SamplingParams(**params, seed=s)).tokens) for s in range(1200))
+    assert len({p for picks in policy.picks for p in picks}) > 5, "many layouts were drawn"
+    assert total_variation(seen, exact) < 0.08
+
+
+def test_auto_self_spec_is_lossless_alone_and_batched_and_learns_acceptance(checkpoint, monkeypatch, tmp_path):
+    monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path))
+    loaded = load_checkpoint(checkpoint)
+    causal = Engine(loaded, DecodeConfig(mode="causal"))
+    auto = Engine(loaded, DecodeConfig(mode="self-spec", draft_len="auto", self_spec_canvases="auto"))
+    spec = auto.driver.speculation
+    assert spec is not None and len(list(tmp_path.glob("row_cost/*.json"))) == 1  # measured at start-up, cached
+    prompts = _prompts(loaded.tokenizer, 8, seed=2)
+    params = SamplingParams(max_tokens=16)
+    want = [causal.generate(ids, params).tokens for ids in prompts]
+    drafted = Counter()
+    for ids, w in zip(prompts, want):
+        g = auto.generate(ids, params)
+        assert g.tokens == w
+        drafted.update(g.stats.drafted)
+    assert spec.pooled.attempted and spec.pooled.attempted[0] > 0, "verify steps were pooled"
+    assert sum(drafted.values()) > 0
+    scheduler = Scheduler(auto, max_batch=4)
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda ids: scheduler.generate(ids, params).tokens, prompts))
+    assert got == want
+    assert max(scheduler.batch_sizes) > 1
+
+
+def test_cost_measurement_is_cached_per_checkpoint(checkpoint, monkeypatch, tmp_path):
+    monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path))
+    loaded = load_checkpoint(checkpoint)
+    runner = Engine(loaded).runner
+    first = load_or_calibrate(runner, checkpoint)
+    assert sorted(first.points) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert all(first(a) <= first(b) for a, b in zip(sorted(first.points), sorted(first.points)[1:]))
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr("bdcore.decode.cost.calibrate", no_measuring)
+    assert load_or_calibrate(runner, checkpoint).points == first.points
+    (path,) = tmp_path.glob("row_cost/*.json")
+    path.write_text("{not json")
+    monkeypatch.undo()
+    monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path))
+    assert sorted(load_or_calibrate(runner, checkpoint).points) == sorted(first.points)  # a damaged file: again
+
+
+def test_calibration_times_forwards_by_rows(checkpoint):
+    runner = Engine(load_checkpoint(checkpoint)).runner
+    cost = calibrate(runner, sizes=(1, 64), context=8, repeats=1)
+    assert set(cost.points) == {1, 64} and all(s > 0 for s in cost.points.values())
+
+
+def test_auto_settings_resolve():
+    from bdcore.decode.config import DecodeSettingsError
+
+    r = DecodeConfig(mode="self-spec", draft_len="auto").resolve(8)
+    assert r.draft_len == 8 and r.auto_draft().max_drafts == 7 and r.auto_draft().fixed_drafts is None
+    r = DecodeConfig(mode="self-spec", draft_len=4, self_spec_canvases="auto").resolve(8)
+    assert r.auto_draft().fixed_drafts == 3 and r.auto_draft().canvases == "auto"
+    assert DecodeConfig(mode="self-spec", draft_len=4).resolve(8).auto_draft() is None
+    assert DecodeConfig(mode="causal", draft_len="auto").resolve(8).auto_draft() is None
+    with pytest.raises(DecodeSettingsError, match="draft_len"):
+        DecodeConfig(mode="self-spec", draft_len="many").resolve(8)
