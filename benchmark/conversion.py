@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     p.add_argument("--opd-flags", default="--opd_prompts_per_step 4 --opd_max_new_tokens 64 --lr 5e-4")
     p.add_argument(
         "--lora-flags",
-        default="--lora_rank 32 --draft_adapter --lr 5e-3",
+        default="--lora_rank 32 --draft_adapter --lr 3e-3",
         help="train.py flags of the sft_draft arm, after --train-flags",
     )
     p.add_argument("--max-tokens", type=int, default=64, help="answer cap in self-distillation and evaluation")

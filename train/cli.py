@@ -20,6 +20,12 @@ step_<N>/ every --save_every steps and final/ at the end; each holds train_state
 """
 
 
+FULL_FT_LR = 1e-5
+# A draft adapter leaves the AR head alone, so its rate is free of the AR constraint: on SmolLM2 at 10 CPU
+# minutes 3e-3 drafted best (1e-2 diverged; docs/results.md, "Recipe sweep").
+DRAFT_ADAPTER_LR = 3e-3
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="train.py", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -132,7 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--micro_batch_size", type=int, default=1, help="rows per rank per micro-step")
     o.add_argument("--grad_accum", type=int, default=1, help="micro-steps per optimizer step")
     o.add_argument("--max_steps", type=int, default=1000, help="optimizer steps")
-    o.add_argument("--lr", type=float, default=1e-5, help="peak learning rate")
+    o.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help=f"peak learning rate (default {FULL_FT_LR:g}; {DRAFT_ADAPTER_LR:g} with --draft_adapter, the best "
+        "of a measured sweep on SmolLM2: docs/results.md)",
+    )
     o.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
     o.add_argument("--lr_min_ratio", type=float, default=0.1, help="cosine floor as a fraction of --lr")
     o.add_argument("--weight_decay", type=float, default=0.0)
@@ -191,6 +203,8 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         bad("--bd_size", f"{args.bd_size} is too small; a block needs a seed and at least one token (use >= 2)")
     _check_single_stream(args, bad)
     _check_lora(args, bad)
+    if args.lr is None:
+        args.lr = DRAFT_ADAPTER_LR if args.draft_adapter else FULL_FT_LR
     if args.views is None:
         args.views = 2
     if args.ar_loss_weight < 0:
