@@ -53,7 +53,7 @@ def test_clean_stream_equals_base_model(arch, tied, pack, max_prompt):
             for d, sample in enumerate(samples):
                 sel = (batch.meta.doc[r] == d) & (batch.meta.stream[r] == 0)
                 base = base_model(input_ids=torch.tensor([list(sample.input_ids)])).logits[0]
-                tol = 5e-5 if arch == "qwen3_5" else 1e-5
+                tol = 2e-4 if arch == "qwen3_5" else 1e-5  # gated-delta chunks sum in another order
                 torch.testing.assert_close(logits[r, sel], base, atol=tol, rtol=1e-5)
                 # The test model is sensitive: a different context changes these logits a lot.
                 assert (base[1:] - base[:-1]).abs().max() > 0.1
