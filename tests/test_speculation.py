@@ -303,3 +303,32 @@ def test_auto_settings_resolve():
     assert DecodeConfig(mode="causal", draft_len="auto").resolve(8).auto_draft() is None
     with pytest.raises(DecodeSettingsError, match="draft_len"):
         DecodeConfig(mode="self-spec", draft_len="many").resolve(8)
+
+
+def test_a_request_that_went_causal_drafts_again_after_a_while():
+    """With no acceptance and costly rows the policy picks causal steps; after PROBE_EVERY of them in a row
+    it drafts once (else a pessimistic estimate could never be corrected), then goes causal again."""
+    import torch
+
+    from bdcore.decode.driver import Speculation
+    from bdcore.decode.modes import SelfSpecDecoder
+    from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence
+    from bdcore.decode.speculation import PROBE_EVERY, AutoDraft
+
+    seq = Sequence(
+        [1, 2],
+        SamplingParams(max_tokens=8),
+        torch.Generator(),
+        AnswerTokens(frozenset(), 8, DecodeStats()),
+        0,
+        frozenset(),
+    )
+    decoder = SelfSpecDecoder(seq, draft_len=4)
+    spec = Speculation(RowCost({1: 1.0, 2: 3.0}), prior=[0.01])
+    spec.attach(decoder, AutoDraft(3, "auto", None))
+    picks = []
+    for _ in range(PROBE_EVERY + 2):
+        spec.plan([decoder], [])
+        picks.append(decoder.layout.drafts)
+    assert picks[:PROBE_EVERY] == [0] * PROBE_EVERY
+    assert picks[PROBE_EVERY] > 0 and picks[PROBE_EVERY + 1] == 0

@@ -38,13 +38,12 @@ class Speculation:
         decoder.estimate = AcceptanceEstimate(self.pooled.rates(auto.max_drafts), strength=4.0)
         decoder.causal_run = 0
 
-    def plan(self, decoders: list[Decoder]) -> None:
-        """Set the layout of every attached self-spec decoder for the coming forward."""
-        auto = [d for d in decoders if _auto(d)]
+    def plan(self, auto: list[SelfSpecDecoder], fixed_rows: list[int]) -> None:
+        """Set the layout of every attached self-spec decoder in `auto` for the coming forward, which also
+        carries forwards of `fixed_rows` rows (the batch's other decoders)."""
         if not auto:
             return
-        fixed = [d.next_forward() for d in decoders if not _auto(d)]
-        other_rows = max((len(f.rows.tokens) for f in fixed), default=1)
+        other_rows = max(fixed_rows, default=1)
         options = []
         for d in auto:
             opts = d.options
@@ -52,7 +51,7 @@ class Speculation:
                 opts = [o for o in opts if o.drafts > 0] or opts
             options.append(opts)
         rates = [d.estimate.rates(d.auto.max_drafts) for d in auto]
-        for d, layout in zip(auto, self.policy.choose(rates, options, others=len(fixed), other_rows=other_rows)):
+        for d, layout in zip(auto, self.policy.choose(rates, options, others=len(fixed_rows), other_rows=other_rows)):
             d.layout = layout
             d.causal_run = d.causal_run + 1 if layout.canvas == 0 else 0
 
@@ -84,9 +83,11 @@ class DecodeDriver:
             return self._forward(decoders)
 
     def _forward(self, decoders: list[Decoder]) -> list[torch.Tensor]:
+        fixed = {id(d): d.next_forward() for d in decoders if not _auto(d)}  # each forward built once
         if self.speculation is not None:
-            self.speculation.plan(decoders)
-        batch = [(d.seq.cache, d.next_forward()) for d in decoders]
+            auto = [d for d in decoders if _auto(d)]
+            self.speculation.plan(auto, [len(f.rows.tokens) for f in fixed.values()])
+        batch = [(d.seq.cache, fixed.get(id(d)) or d.next_forward()) for d in decoders]
         decoding = all(cache.length for cache, _ in batch)
         start = time.perf_counter()
         logits = self.runner.forward(batch)
