@@ -1,4 +1,5 @@
-"""Answer scoring shared by evaluation (`inference/eval_tasks.py`) and RL rewards (`train/rewards.py`).
+"""Answer scoring shared by evaluation (`inference/eval_tasks.py`), RL rewards (`train/rewards.py`) and the
+benchmarks (`benchmark/conversion_eval.py`, `data/demo_check.py`).
 
 One definition of what a number in an answer is and when two answers match, so a reward trains exactly
 what the evaluation reports. A reference that cannot be read is an error of the data, never a match:

@@ -23,9 +23,11 @@ from pathlib import Path
 
 import torch
 
+from bdcore.chat import chat_ids
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
 from bdcore.draft_adapter import draft_rows
+from bdcore.scoring import exact_match
 
 MODES = ("causal", "diffusion", "self-spec")
 
@@ -46,8 +48,7 @@ def load_heldout(path: Path, tokenizer, limit: int) -> Heldout:
         rec = json.loads(line)
         msgs = rec["messages"]
         context = msgs[:-1] if msgs[-1]["role"] == "assistant" else msgs
-        text = tokenizer.apply_chat_template(context, add_generation_prompt=True, tokenize=False)
-        prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+        prompts.append(chat_ids(tokenizer, context))
         records.append(rec)
         if msgs[-1]["role"] == "assistant":
             answer = tokenizer(msgs[-1]["content"], add_special_tokens=False)["input_ids"]
@@ -84,7 +85,7 @@ def quality(record: dict, answer: str) -> bool | None:
         return passes(record, answer)
     msgs = record["messages"]
     if msgs[-1]["role"] == "assistant":
-        return answer.strip() == msgs[-1]["content"].strip()
+        return exact_match(answer, msgs[-1]["content"])
     return None
 
 
@@ -131,8 +132,8 @@ def stock_greedy(model, prompt_ids: list[int], *, max_tokens: int, stop_ids, ban
 
 
 def evaluate(checkpoint: Path, heldout: Heldout, *, max_tokens: int, threshold: float) -> dict:
+    from bdcore.loading import load_checkpoint
     from inference.native.engine import Engine
-    from inference.native.loading import load_checkpoint
 
     loaded = load_checkpoint(checkpoint)
     row = {"checkpoint": str(checkpoint), "ar_loss": ar_loss(loaded.model, heldout, loaded.mask_id)}

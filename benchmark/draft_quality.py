@@ -25,8 +25,8 @@ def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, 
 
     from bdcore.decode.draft_quality import draft_quality
     from bdcore.decode.runner import ModelRunner
+    from bdcore.loading import CheckpointError, load_checkpoint
     from bdcore.tokens import end_of_turn_id
-    from inference.native.loading import CheckpointError, load_checkpoint
     from train.data import heldout_answers
 
     loaded = load_checkpoint(checkpoint)

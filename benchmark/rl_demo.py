@@ -59,8 +59,8 @@ def rollout_vs_engine(checkpoint: Path, heldout_prompts: list[list[int]], max_to
     the serving engine's diffusion decode of the same prompts (one batched scheduler run)."""
     from bdcore.decode.config import DecodeConfig
     from bdcore.decode.sampling import SamplingParams
+    from bdcore.loading import load_checkpoint
     from inference.native.engine import Engine
-    from inference.native.loading import load_checkpoint
     from inference.native.scheduler import Scheduler
     from train.rollout import rollout
 

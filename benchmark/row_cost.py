@@ -20,7 +20,7 @@ from pathlib import Path
 def measure(checkpoint: str, dtypes: list[str], *, context: int, repeats: int, sizes) -> dict[str, dict[int, float]]:
     from bdcore.decode.cost import calibrate
     from bdcore.decode.runner import ModelRunner
-    from inference.native.loading import load_checkpoint
+    from bdcore.loading import load_checkpoint
 
     curves = {}
     for dtype in dtypes:

@@ -71,9 +71,9 @@ def measure(
 
     from bdcore.decode.config import DecodeConfig
     from bdcore.decode.sampling import SamplingParams
+    from bdcore.loading import load_checkpoint
     from benchmark.conversion_eval import load_heldout, stock_greedy
     from inference.native.engine import Engine
-    from inference.native.loading import load_checkpoint
 
     loaded = load_checkpoint(checkpoint)
     heldout = load_heldout(heldout_path, AutoTokenizer.from_pretrained(checkpoint), limit)

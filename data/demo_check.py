@@ -13,6 +13,9 @@ import json
 
 import torch
 
+from bdcore.chat import chat_ids
+from bdcore.scoring import exact_match
+
 
 def accuracy(checkpoint: str, eval_path: str, limit: int) -> tuple[float, int, dict[str, float]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -24,8 +27,7 @@ def accuracy(checkpoint: str, eval_path: str, limit: int) -> tuple[float, int, d
     right = 0
     by_task: dict[str, list[int]] = {}
     for row in rows:
-        prompt = tok.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, tokenize=False)
-        ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
+        ids = torch.tensor([chat_ids(tok, row["messages"][:-1])])
         with torch.no_grad():
             out = model.generate(
                 ids,
@@ -36,7 +38,7 @@ def accuracy(checkpoint: str, eval_path: str, limit: int) -> tuple[float, int, d
                 bad_words_ids=bad_words,
             )
         answer = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
-        ok = answer == row["messages"][-1]["content"]
+        ok = exact_match(answer, row["messages"][-1]["content"])
         right += ok
         by_task.setdefault(row.get("task", "all"), []).append(ok)
     return right / len(rows), len(rows), {k: sum(v) / len(v) for k, v in sorted(by_task.items())}

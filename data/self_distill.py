@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from bdcore.chat import chat_ids
 from bdcore.decode.modes import CausalDecoder
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
@@ -91,20 +92,13 @@ def read_prompts(path: Path, limit: int, skipped: Counter) -> list[dict]:
     return records
 
 
-def render(tok, messages: list[dict], tools, *, generation_prompt: bool) -> list[int]:
-    # The same render as the trainer's (train/data.py), so the prompt the model sees here is the one
-    # the trained rows will show it.
-    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
-    return tok(text, add_special_tokens=False)["input_ids"]
-
-
 def answer_text(tok, record: dict, prompt_ids: list[int], tokens: list[int], eot: int) -> str | None:
     """The answer's text, or None when the chat with it appended does not render to exactly the prompt,
     the answer's tokens and end-of-turn (then the trainer would supervise tokens the model never produced)."""
     text = tok.decode(tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     msgs = [*record["messages"], {"role": "assistant", "content": text}]
     try:
-        full = render(tok, msgs, record.get("tools"), generation_prompt=False)
+        full = chat_ids(tok, msgs, tools=record.get("tools"), generation_prompt=False)
     except Exception:  # a template may raise on content it does not accept
         return None
     expect = [*prompt_ids, *tokens, eot]
@@ -122,7 +116,7 @@ def distill(loaded, records: list[dict], out_path: Path, args, *, progress: bool
     requests: list[Request] = []
     for i, rec in enumerate(records):
         try:
-            ids = render(tok, rec["messages"], rec.get("tools"), generation_prompt=True)
+            ids = chat_ids(tok, rec["messages"], tools=rec.get("tools"))
         except Exception:  # noqa: BLE001 (a template may raise on content it does not accept: counted)
             stats["skipped_prompts"]["template_error"] += 1
             continue
@@ -255,7 +249,7 @@ def main(argv=None) -> int:
     problem = _check(args)
     if problem:
         sys.exit(f"self_distill: error: {problem}")
-    from inference.native.loading import CheckpointError, load_checkpoint
+    from bdcore.loading import CheckpointError, load_checkpoint
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     skipped: Counter = Counter()

@@ -111,8 +111,8 @@ def serve_app(app):
 @contextlib.contextmanager
 def native_server(checkpoint, *, api_key=None, mode="self-spec", max_tokens=16):
     """The OpenAI-compatible server for a checkpoint; yields (base_url, app)."""
+    from bdcore.loading import load_checkpoint
     from inference.native.engine import DecodeConfig
-    from inference.native.loading import load_checkpoint
     from inference.server import create_app
 
     app = create_app(

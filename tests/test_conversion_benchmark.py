@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
+from bdcore.loading import load_checkpoint
 from benchmark import conversion, conversion_eval
-from inference.native.loading import load_checkpoint
 from tests.tiny import tiny_checkpoint
 
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it

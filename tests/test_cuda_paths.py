@@ -4,7 +4,7 @@ Skipped without CUDA (CPU CI runs the CPU twins). On CUDA the trainer builds its
 attention where the architecture supports it (`train.model.attention_backend`: Qwen3 and Llama yes,
 Qwen3.5 hybrids no, they keep SDPA with the dense mask), and `TwoStreamLM.attention_mask` hands flex
 the rule as a block-sparse `BlockMask`; the engine always runs SDPA with the dense boolean rule
-(`inference/native/loading.py`, `bdcore/decode/runner.py`); the gated-delta op runs its PyTorch path on the
+(`bdcore/loading.py`, `bdcore/decode/runner.py`); the gated-delta op runs its PyTorch path on the
 GPU. Each test runs those CUDA paths on the tiny models of `tests/tiny.py` and holds them to the CPU
 twin (fp32, TF32 off, so only summation order differs) or, in bf16, to a finite loss near the fp32
 one. The helpers come from the CPU tests, so both twins check the same thing.
@@ -18,8 +18,8 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 from bdcore.decode.sampling import SamplingParams
+from bdcore.loading import load_checkpoint
 from inference.native.engine import DecodeConfig, Engine
-from inference.native.loading import load_checkpoint
 from tests.conftest import read_metrics, run_train
 from tests.test_gated_delta import CASES as GATED_DELTA_CASES
 from tests.test_gated_delta import _batch as gated_delta_batch

@@ -13,9 +13,9 @@ from transformers import AutoModelForCausalLM
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
 from bdcore.draft_adapter import ADAPTER_DIR, MASK_ROW, LoraSpec, add_lora, merged_state_dict, save_adapter
+from bdcore.loading import load_checkpoint
 from bdcore.sidecar import Sidecar, SidecarError, read_sidecar, write_sidecar
 from inference.native.engine import Engine
-from inference.native.loading import load_checkpoint
 from tests.test_invariant_3_engine_denoise import check_engine_canvas_logits
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import FILLER_ID, MASK_ID, random_sample, tiny_checkpoint, tiny_hybrid_model, tiny_model

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
 from bdcore.draft_adapter import ADAPTER_DIR, MASK_ROW, MASK_ROW_FILE
+from bdcore.loading import load_checkpoint
 from inference.native.engine import Engine
-from inference.native.loading import load_checkpoint
 from tests.conftest import read_metrics, run_train
 from tests.test_invariant_4_self_spec import _prompts
 from tests.train_args import train_args

@@ -9,9 +9,9 @@ from bdcore.decode.config import DecodeConfig
 from bdcore.decode.draft_quality import SampleDrafts, accepted_prefix, draft_quality, score_sample, walk_forwards
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
+from bdcore.loading import load_checkpoint
 from bdcore.tokens import end_of_turn_id
 from inference.native.engine import Engine
-from inference.native.loading import load_checkpoint
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint
 
@@ -150,7 +150,7 @@ def test_the_trainer_logs_the_benchmarks_figures(demo_kit, tmp_path):
     assert records[2]["eval_ar_loss"] == pytest.approx(bench["eval_ar_loss"], rel=1e-4)
     # The checkpoint carries the last figures, the serving engine's prior for its self-spec acceptance.
     from bdcore.decode.speculation import prior_from_quality
-    from inference.native.loading import load_checkpoint
+    from bdcore.loading import load_checkpoint
 
     saved = json.loads((run / "final" / "draft_quality.json").read_text())
     assert saved["step"] == 2 and saved["draft_len"] == 4

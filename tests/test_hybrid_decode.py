@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from bdcore.decode.gated_delta_layers import _absorb, _step
+from bdcore.decode.gated_delta_layers import absorb, recurrent_step
 from bdcore.decode.rows import Rows
 from bdcore.gated_delta import l2norm
 from tests.one_sequence import OneSequence
@@ -26,7 +26,7 @@ def _inputs(T, H=3, dk=8, dv=6, seed=0):
 def _recurrence(S, q, k, v, g, beta):
     outs = []
     for t in range(q.shape[0]):
-        S, o = _step(S, q[t], k[t], v[t], g[t], beta[t])
+        S, o = recurrent_step(S, q[t], k[t], v[t], g[t], beta[t])
         outs.append(o)
     return torch.stack(outs), S
 
@@ -35,7 +35,7 @@ def _recurrence(S, q, k, v, g, beta):
 def test_chunked_absorb_equals_recurrence(T, chunk):
     q, k, v, g, beta, S0 = _inputs(T)
     want, want_S = _recurrence(S0, q, k, v, g, beta)
-    got, got_S = _absorb(S0, q, k, v, g, beta, chunk=chunk)
+    got, got_S = absorb(S0, q, k, v, g, beta, chunk=chunk)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(got_S, want_S, atol=1e-12, rtol=1e-12)
 
@@ -43,7 +43,7 @@ def test_chunked_absorb_equals_recurrence(T, chunk):
 def test_block_end_readout_reads_the_canvas_end_state():
     q, k, v, g, beta, S0 = _inputs(9, seed=1)
     _, end = _recurrence(S0, q, k, v, g, beta)
-    got, got_S = _absorb(S0, q, k, v, g, beta, end_readout=True)
+    got, got_S = absorb(S0, q, k, v, g, beta, end_readout=True)
     torch.testing.assert_close(got, torch.einsum("hkv,thk->thv", end, q), atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(got_S, end, atol=1e-12, rtol=1e-12)
 

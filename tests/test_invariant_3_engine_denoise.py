@@ -35,7 +35,7 @@ def check_engine_canvas_logits(
     (the CUDA twin runs flex attention there, as the trainer does on CUDA) and both models on `device`.
     `adapt(model)` changes both models alike before the comparison (e.g. adds a draft adapter)."""
     # Separate instances with equal weights: training and decode patch gated-delta layers differently,
-    # and the engine always runs SDPA (`inference/native/loading.py`).
+    # and the engine always runs SDPA (`bdcore/loading.py`).
     if arch == "qwen3_5":
         model, engine_model = tiny_hybrid_model(attn=train_attn), tiny_hybrid_model()
     else:

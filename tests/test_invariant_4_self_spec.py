@@ -11,8 +11,8 @@ import torch
 from bdcore.decode.rows import Rows
 from bdcore.decode.rules import greedy_accept
 from bdcore.decode.sampling import SamplingParams
+from bdcore.loading import load_checkpoint
 from inference.native.engine import DecodeConfig, Engine
-from inference.native.loading import load_checkpoint
 from tests.one_sequence import OneSequence
 from tests.tiny import tiny_checkpoint
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from data.toy_tokenizer import build_char_tokenizer
-from inference.server.prompt_bound import _COMPOSING, chars_per_token
+from inference.server.prompt_bound import COMPOSING, chars_per_token
 from tests import real_tokenizers
 from tests.conftest import REPO
 from tests.tiny import tiny_checkpoint
@@ -73,7 +73,7 @@ def test_nfc_and_nfkc_fold_at_most_composing_characters_into_one():
         for c in range(sys.maxunicode + 1)
         if unicodedata.normalize("NFC", chr(c)) == chr(c)
     )
-    assert longest == _COMPOSING
+    assert longest == COMPOSING
 
 
 def _with(tok, **parts):

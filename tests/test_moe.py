@@ -81,8 +81,8 @@ def test_torchrun_two_ranks_converts_an_moe_model_and_the_engine_serves_it(moe_k
 
     from bdcore.decode.config import DecodeConfig
     from bdcore.decode.sampling import SamplingParams
+    from bdcore.loading import load_checkpoint
     from inference.native.engine import Engine
-    from inference.native.loading import load_checkpoint
     from tests.conftest import run_train
     from tests.test_invariant_4_self_spec import _prompts
     from tests.train_args import train_args

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from inference.native.loading import load_checkpoint
+from bdcore.loading import load_checkpoint
 from tests.test_opd import _filler, _setup
 from tests.tiny import tiny_checkpoint
 from train.opd import opd_loss, teacher_logprobs

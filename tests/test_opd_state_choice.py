@@ -11,7 +11,7 @@ import torch
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
-from inference.native.loading import load_checkpoint
+from bdcore.loading import load_checkpoint
 from tests.conftest import in_process_trainer
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint

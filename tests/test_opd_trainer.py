@@ -10,8 +10,8 @@ import torch
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
+from bdcore.loading import load_checkpoint
 from inference.native.engine import Engine
-from inference.native.loading import load_checkpoint
 from tests.conftest import REPO, in_process_trainer, read_metrics, run_train
 from tests.train_args import train_args
 from train.rollout import student_rollouts

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from bdcore.decode.sampling import SamplingParams
+from bdcore.loading import load_checkpoint
 from inference.native.engine import DecodeConfig, Engine
-from inference.native.loading import load_checkpoint
 from tests import reference_decoder as ref
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint

@@ -9,8 +9,8 @@ import torch
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
+from bdcore.loading import load_checkpoint
 from inference.native.engine import Engine
-from inference.native.loading import load_checkpoint
 from inference.server.responses import answer_logprobs
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint

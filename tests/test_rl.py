@@ -11,8 +11,8 @@ import torch
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
+from bdcore.loading import load_checkpoint
 from bdcore.tokens import end_of_turn_id, filler_id
-from inference.native.loading import load_checkpoint
 from tests.conftest import read_metrics, run_train
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint

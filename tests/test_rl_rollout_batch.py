@@ -15,8 +15,8 @@ import copy
 import pytest
 import torch
 
+from bdcore.loading import load_checkpoint
 from bdcore.tokens import end_of_turn_id, filler_id
-from inference.native.loading import load_checkpoint
 from tests.tiny import tiny_checkpoint
 from train.cli import parse_args
 from train.config import JobConfig

@@ -12,8 +12,8 @@ from bdcore.decode.rows import Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import SequenceCache
+from bdcore.loading import load_checkpoint
 from inference.native.engine import Cancelled, DecodeConfig, Engine
-from inference.native.loading import load_checkpoint
 from inference.native.scheduler import Scheduler
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint

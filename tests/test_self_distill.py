@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from bdcore.decode.sampling import SamplingParams
+from bdcore.loading import load_checkpoint
 from bdcore.tokens import end_of_turn_id
 from data.self_distill import build_parser, main, read_prompts
 from inference.native.engine import DecodeConfig, Engine
-from inference.native.loading import load_checkpoint
 from tests.tiny import tiny_checkpoint
 from train.data import load_samples
 

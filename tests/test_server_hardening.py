@@ -25,8 +25,8 @@ LIMIT = 16_000
 
 @contextlib.contextmanager
 def running(ckpt, **kw):
+    from bdcore.loading import load_checkpoint
     from inference.native.engine import DecodeConfig
-    from inference.native.loading import load_checkpoint
     from inference.server import create_app
 
     loaded = load_checkpoint(ckpt)

@@ -10,8 +10,8 @@ import torch
 import yaml
 
 from bdcore.decode.sampling import SamplingParams
+from bdcore.loading import load_checkpoint
 from inference.native.engine import DecodeConfig, Engine
-from inference.native.loading import load_checkpoint
 from inference.sglang_backend.algorithms import SelfSpec, ShiftedDiffusion, request_params
 from inference.sglang_backend.settings import DIFFUSION, SELF_SPEC, DecodeSettings
 from tests.sglang_emulator import EmulatedModelRunner, emulated, serve

@@ -15,10 +15,10 @@ import torch
 import yaml
 
 from bdcore.decode.sampling import SamplingParams
+from bdcore.loading import load_checkpoint
 from benchmark.sglang_contract.names import DLLM_CONFIG_PARAMS
 from inference import serve
 from inference.native.engine import DecodeConfig, Engine
-from inference.native.loading import load_checkpoint
 from inference.sglang_backend import plugin
 from inference.sglang_backend.command import REPO_ROOT, bdstack_settings, child_environment
 from inference.sglang_backend.settings import DIFFUSION, SELF_SPEC, DecodeSettings

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from bdcore.loading import CheckpointError, load_checkpoint
 from bdcore.sidecar import SIDECAR_NAME, SidecarError, read_sidecar
-from inference.native.loading import CheckpointError, load_checkpoint
 from tests.tiny import tiny_checkpoint
 
 

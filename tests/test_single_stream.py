@@ -161,9 +161,9 @@ def test_self_spec_is_refused_for_an_unshifted_checkpoint():
 @pytest.mark.e2e
 def test_train_single_stream_then_serve_diffusion_and_causal(demo_kit, tmp_path):
     from bdcore.decode.sampling import SamplingParams
+    from bdcore.loading import CheckpointError, load_checkpoint
     from bdcore.sidecar import read_sidecar
     from inference.native.engine import Engine
-    from inference.native.loading import CheckpointError, load_checkpoint
     from tests.conftest import run_train
     from tests.train_args import train_args
 
@@ -216,8 +216,8 @@ def test_every_engine_forward_equals_the_reference_forward(tmp_path):
     with its canvas, denoise steps, block commits with the next canvas) gives the canvas logits that one
     full-sequence forward over [prompt + committed blocks (block-bidirectional), canvas] gives."""
     from bdcore.decode.sampling import SamplingParams
+    from bdcore.loading import load_checkpoint
     from inference.native.engine import Engine
-    from inference.native.loading import load_checkpoint
     from tests.reference_decoder import ReferenceModel
     from tests.test_invariant_4_self_spec import _prompts
     from tests.tiny import tiny_checkpoint

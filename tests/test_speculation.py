@@ -19,8 +19,8 @@ from bdcore.decode.speculation import (
     prior_from_quality,
     read_draft_prior,
 )
+from bdcore.loading import load_checkpoint
 from inference.native.engine import DecodeConfig, Engine
-from inference.native.loading import load_checkpoint
 from inference.native.scheduler import Scheduler
 from tests import reference_decoder as ref
 from tests.test_invariant_4_self_spec import _prompts, ar_law, total_variation

@@ -8,7 +8,7 @@ import pytest
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
-from inference.native.loading import load_checkpoint
+from bdcore.loading import load_checkpoint
 from tests import reference_decoder as ref
 from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint

@@ -19,9 +19,9 @@ from transformers import AutoModelForCausalLM
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
+from bdcore.loading import load_checkpoint
 from bdcore.tokens import end_of_turn_id, filler_id
 from inference.native.engine import Engine
-from inference.native.loading import load_checkpoint
 from tests.test_invariant_4_self_spec import _prompts
 from tests.test_logprobs import ar_logprobs
 from tests.tiny import tiny_checkpoint

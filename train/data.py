@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bdcore.chat import chat_ids
 from train.config import FlagError, first_line
 from train.rows import Sample, two_stream_length
 from train.single_stream import single_stream_length
@@ -195,12 +196,9 @@ class ConversationTokenizer:
 
     def _ids(self, messages, tools, generation_prompt: bool) -> list[int]:
         try:
-            text = self.tok.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **self.kwargs
-            )
+            return chat_ids(self.tok, messages, tools=tools, generation_prompt=generation_prompt, **self.kwargs)
         except Exception as e:  # a template may raise on content it does not accept
             raise SkipSample("template_error") from e
-        return self.tok(text, add_special_tokens=False)["input_ids"]
 
     def __call__(self, messages: list[dict], tools, stats: DataStats | None = None) -> Sample:
         turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]

@@ -63,7 +63,7 @@ def roll_back(plan: DecodePlan | None, plan_base: int, length: int, states: dict
         states[layer] = steps[j]
 
 
-def _step(S, q, k, v, g, beta):
+def recurrent_step(S, q, k, v, g, beta):
     """One gated-delta step; q, k already normalised/scaled; S [H, dk, dv]."""
     S = S * g.exp()[:, None, None]
     delta = beta[:, None] * (v - torch.einsum("hkv,hk->hv", S, k))
@@ -71,7 +71,7 @@ def _step(S, q, k, v, g, beta):
     return S, torch.einsum("hkv,hk->hv", S, q)
 
 
-def _absorb(S, q, k, v, g, beta, *, end_readout: bool = False, chunk: int = CHUNK):
+def absorb(S, q, k, v, g, beta, *, end_readout: bool = False, chunk: int = CHUNK):
     """Absorb rows [T, H, d] into state S [H, dk, dv] chunk by chunk: (outputs [T, H, dv], exit state).
     With `end_readout` the rows are one chunk and all read its end state (a bidirectional canvas)."""
     T = q.shape[0]
@@ -139,7 +139,7 @@ def _decode_rows(self, x, plan: DecodePlan):
     if plan.rollback:  # token by token, remembering every clean row's state for a later rollback
         S, outs, steps = st.rec, [], []
         for t in range(n):
-            S, o = _step(S, q[t], k[t], v[t], g[t], beta[t])
+            S, o = recurrent_step(S, q[t], k[t], v[t], g[t], beta[t])
             outs.append(o)
             steps.append(LayerState(seq[t + 1 : t + K], S))
         clean = torch.stack(outs) if outs else v.new_zeros(0, *v.shape[1:])
@@ -147,8 +147,8 @@ def _decode_rows(self, x, plan: DecodePlan):
         plan.states[self.layer_idx] = plan.steps[self.layer_idx][keep]
     else:  # chunked; the committed state is the one after `keep` clean rows
         rows = (q, k, v, g, beta)
-        kept_out, S_keep = _absorb(st.rec, *(x[:keep] for x in rows), end_readout=plan.clean_block_end)
-        rest_out, S = _absorb(S_keep, *(x[keep:n] for x in rows))
+        kept_out, S_keep = absorb(st.rec, *(x[:keep] for x in rows), end_readout=plan.clean_block_end)
+        rest_out, S = absorb(S_keep, *(x[keep:n] for x in rows))
         clean = torch.cat([kept_out, rest_out])
         plan.states[self.layer_idx] = LayerState(seq[keep : keep + K - 1], S_keep)
     outs, a = [clean], n
@@ -156,7 +156,7 @@ def _decode_rows(self, x, plan: DecodePlan):
         if seen != n and not plan.rollback:
             raise ValueError("a canvas before the last clean row needs the per-row states of a rollback forward")
         start = S if seen == n else plan.steps[self.layer_idx][seen].rec
-        out, _ = _absorb(start, *(x[a : a + m] for x in (q, k, v, g, beta)), end_readout=plan.end_readout)
+        out, _ = absorb(start, *(x[a : a + m] for x in (q, k, v, g, beta)), end_readout=plan.end_readout)
         outs.append(out)
         a += m
     core = torch.cat(outs).to(x.dtype)

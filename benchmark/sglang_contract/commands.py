@@ -13,9 +13,9 @@ import json
 import sys
 from pathlib import Path
 
+from benchmark.tiny import tiny_checkpoint
 from inference import serve
 from inference.sglang_backend.command import FAMILIES, bdstack_settings, build_bdstack_command, build_sglang_command
-from tests.tiny import tiny_checkpoint
 
 SGLANG_PYTHON = "/opt/sglang/bin/python"  # never run: only the argv after `-m MODULE` is parsed
 PASS_THROUGH = ["--", "--tp", "2", "--mem-fraction-static", "0.8", "--max-running-requests", "4"]

@@ -19,7 +19,7 @@ from bdcore.decode.modes import Decoder, make_decoder
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, TokenLogprob
-from inference.native.loading import LoadedModel
+from bdcore.loading import LoadedModel
 
 __all__ = ["Cancelled", "DecodeConfig", "Engine", "Generation", "TextOutput"]
 

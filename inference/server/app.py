@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from bdcore.loading import LoadedModel
 from inference.native.engine import DecodeConfig
-from inference.native.loading import LoadedModel
 from inference.server.generation import handle
 from inference.server.prometheus import ServerMetrics
 from inference.server.protocol import APIError, internal_error

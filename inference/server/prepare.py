@@ -13,8 +13,8 @@ from starlette.concurrency import run_in_threadpool
 
 from bdcore.decode.config import SELF_SPEC_CANVASES
 from bdcore.decode.sampling import SamplingParams
+from bdcore.loading import CheckpointError, LoadedModel
 from inference.native.engine import DecodeConfig
-from inference.native.loading import CheckpointError, LoadedModel
 from inference.server.completion_prompts import completion_prompts
 from inference.server.prompt_bound import check_prompt_chars
 from inference.server.protocol import (

@@ -18,7 +18,7 @@ import json
 
 from inference.server.protocol import APIError
 
-_COMPOSING = 4  # NFC/NFKC fold at most 4 characters into one (tests/test_large_prompts.py checks it)
+COMPOSING = 4  # NFC/NFKC fold at most 4 characters into one (tests/test_large_prompts.py checks it)
 _SAME_OR_LONGER = {"NFD", "NFKD", "Lowercase", "Prepend", "ByteLevel"}
 _KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Digits", "UnicodeScripts"}
 _SPLIT_BEHAVIOURS = {"Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"}  # all but "Removed"
@@ -58,7 +58,7 @@ def _normalizer_fold(spec) -> int | None:
             fold *= f
         return fold
     if kind in ("NFC", "NFKC"):
-        return _COMPOSING
+        return COMPOSING
     if kind in _SAME_OR_LONGER:
         return 1
     if kind == "Replace":  # a literal pattern replaced by a non-empty string (SentencePiece: " " -> "▁")

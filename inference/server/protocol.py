@@ -6,6 +6,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from bdcore.chat import chat_text
 from bdcore.decode.sampling import SamplingParams
 
 
@@ -253,12 +254,11 @@ def chat_prompt_text(tokenizer, body: dict, tools: ToolRequest | None = None) ->
             raise APIError(400, "'chat_template' must be a string", param="chat_template")
         kwargs = {**kwargs, "chat_template": body["chat_template"]}
     try:
-        text = tokenizer.apply_chat_template(
+        text = chat_text(
+            tokenizer,
             messages,
             # tool_choice "none": the model is not shown the tools, so it answers in text
             tools=list(tools.tools) if tools.parse else None,
-            tokenize=False,
-            add_generation_prompt=True,
             **kwargs,
         )
     except Exception as e:

@@ -7,8 +7,8 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from bdcore.loading import LoadedModel
 from inference.native.engine import DecodeConfig, Engine
-from inference.native.loading import LoadedModel
 from inference.native.scheduler import Scheduler
 from inference.server.prometheus import ServerMetrics
 from inference.server.prompt_bound import chars_per_token

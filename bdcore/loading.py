@@ -1,4 +1,5 @@
-"""Load a bdstack checkpoint (docs/design.md section 5) for serving, validating its sidecar against its tokenizer."""
+"""Load a bdstack checkpoint (docs/design.md section 5) to decode it: the server, the benchmarks and
+self-distillation all load through here, which validates the sidecar against the tokenizer."""
 
 from __future__ import annotations
 
