@@ -58,14 +58,6 @@ class LoraSpec:
         return asdict(self)
 
 
-# Why SGLang cannot serve a draft adapter (the plugin and the launcher both say it).
-NOT_ON_SGLANG = (
-    "the checkpoint carries a draft-only adapter, which acts at canvas rows only; SGLang runs every row of a "
-    "forward through the same weights, so its diffusion and self-spec would not be what was trained: serve it "
-    "with --backend native (--mode causal on SGLang serves the base model, which the directory holds as is)"
-)
-
-
 class DraftGate:
     """The per-row switch of a draft-only adapter. `rows` is a bool [B, T] for the current forward."""
 

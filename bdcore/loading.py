@@ -4,13 +4,13 @@ self-distillation all load through here, which validates the sidecar against the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from bdcore.decode.config import MODES
+from bdcore.capabilities import Capabilities
 from bdcore.decode.speculation import read_draft_prior
 from bdcore.draft_adapter import load_draft_adapter
 from bdcore.gated_delta import is_hybrid
@@ -35,28 +35,10 @@ class LoadedModel:
     name: str
     path: Path | None = None  # where it was loaded from (the forward-cost measurement is cached per checkpoint)
     draft_prior: list[float] | None = None  # self-spec acceptance per draft, from the checkpoint's draft_quality.json
+    capabilities: Capabilities = field(default_factory=Capabilities.plain_ar)  # what it can run
 
     def check_mode(self, mode: str) -> None:
-        if mode not in MODES:
-            raise CheckpointError(f"unknown mode {mode!r}; choose one of {MODES}")
-        if mode == "causal":
-            return
-        if self.sidecar is None:
-            raise CheckpointError(
-                f"mode {mode!r} needs a block-diffusion checkpoint ({SIDECAR_NAME} with <|mask|>); this one is a "
-                "plain AR model: serve it with --mode causal, or convert it with train.py"
-            )
-        if mode == "self-spec" and not self.sidecar.shift:
-            raise CheckpointError(
-                "self-spec needs a token-causal AR head to verify drafts; this checkpoint is unshifted (single-stream "
-                "masked diffusion, shift: false), which has none: serve it with --mode diffusion, or --mode causal "
-                "(block by block, one token per step)"
-            )
-        if mode == "self-spec" and not self.sidecar.clean_causal:
-            raise CheckpointError(
-                "self-spec needs a causal AR head (clean_causal: true in block_diffusion.json); this checkpoint was "
-                "trained with a block-causal clean stream: serve it with --mode diffusion"
-            )
+        self.capabilities.check_mode(mode, CheckpointError)
 
 
 def check_decodable(sidecar: Sidecar, path, model_config=None) -> None:
@@ -114,4 +96,9 @@ def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str 
         prior = read_draft_prior(path)
     except ValueError as e:
         raise CheckpointError(str(e)) from e
-    return LoadedModel(model, tok, sidecar, token_id(tok, MASK_TOKEN), stop_ids(tok), name, path, prior)
+    mask_id, stops = token_id(tok, MASK_TOKEN), stop_ids(tok)
+    if sidecar is None:
+        caps = Capabilities.plain_ar(mask_id=mask_id, stop_ids=stops)
+    else:
+        caps = sidecar.capabilities(mask_id=mask_id, stop_ids=stops, model_config=model.config)
+    return LoadedModel(model, tok, sidecar, mask_id, stops, name, path, prior, caps)

@@ -29,8 +29,6 @@ from bdcore.decode.sampling import SamplingParams
 from bdcore.draft_adapter import draft_rows
 from bdcore.scoring import exact_match
 
-MODES = ("causal", "diffusion", "self-spec")
-
 
 @dataclass
 class Heldout:
@@ -142,7 +140,7 @@ def evaluate(checkpoint: Path, heldout: Heldout, *, max_tokens: int, threshold: 
         stock_greedy(loaded.model, ids, max_tokens=max_tokens, stop_ids=loaded.stop_ids, banned=loaded.mask_id)
         for ids in heldout.prompt_ids
     ]
-    for mode in MODES if loaded.sidecar is not None else ("causal",):  # a plain AR base: causal only
+    for mode in loaded.capabilities.modes:  # a plain AR base: causal only
         engine = Engine(loaded, DecodeConfig(mode=mode, threshold=threshold))
         outs, start = [], time.perf_counter()
         for ids in heldout.prompt_ids:

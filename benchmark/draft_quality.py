@@ -24,7 +24,6 @@ def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, 
     from tqdm import tqdm
 
     from bdcore.decode.draft_quality import draft_quality
-    from bdcore.decode.runner import ModelRunner
     from bdcore.loading import CheckpointError, load_checkpoint
     from bdcore.tokens import end_of_turn_id
     from train.data import heldout_answers
@@ -40,7 +39,7 @@ def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, 
             f"draft_quality: --draft-len {N} must lie in [2, the checkpoint's bd_size {loaded.sidecar.bd_size}]"
         )
     samples = heldout_answers(str(data), loaded.tokenizer, end_of_turn_id(loaded.tokenizer), limit=limit)
-    runner = ModelRunner.for_checkpoint(loaded.model, loaded.sidecar, loaded.mask_id)
+    runner = loaded.capabilities.runner(loaded.model)
     t0 = time.perf_counter()
     with tqdm(total=len(samples), desc="draft quality", unit=" answers", dynamic_ncols=True) as bar:
         quality = draft_quality(

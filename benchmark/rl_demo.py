@@ -65,7 +65,7 @@ def rollout_vs_engine(checkpoint: Path, heldout_prompts: list[list[int]], max_to
     from train.rollout import rollout
 
     loaded = load_checkpoint(checkpoint)
-    sc, params = loaded.sidecar, SamplingParams(max_tokens=max_tokens)
+    params = SamplingParams(max_tokens=max_tokens)
     decode = DecodeConfig(mode="diffusion", threshold=threshold)
     scheduler = Scheduler(Engine(loaded, decode), max_batch=len(heldout_prompts))
     t0 = time.perf_counter()
@@ -76,13 +76,9 @@ def rollout_vs_engine(checkpoint: Path, heldout_prompts: list[list[int]], max_to
     rollout(
         loaded.model,
         heldout_prompts,
-        mask_id=loaded.mask_id,
-        stop_ids=loaded.stop_ids,
-        bd_size=sc.bd_size,
+        caps=loaded.capabilities,
         decode=decode,
         params=params,
-        clean_causal=sc.clean_causal,
-        within_block_causal=sc.within_block_causal,
     )
     return (time.perf_counter() - t0) / engine_s
 

@@ -17,12 +17,12 @@ FILLER_ID = 94
 EOT_ID = 93
 
 
-def tiny_config(arch: str = "qwen3", *, tied: bool = True, vocab: int = VOCAB):
-    common = dict(
+def _sizes(vocab: int, tied: bool, layers: int) -> dict:
+    return dict(
         vocab_size=vocab,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
@@ -31,6 +31,10 @@ def tiny_config(arch: str = "qwen3", *, tied: bool = True, vocab: int = VOCAB):
         # A wide init makes logits depend strongly on what each row sees, so a wrong mask shows.
         initializer_range=0.2,
     )
+
+
+def tiny_config(arch: str = "qwen3", *, tied: bool = True, vocab: int = VOCAB):
+    common = _sizes(vocab, tied, layers=2)
     if arch == "qwen3":
         return Qwen3Config(**common)
     if arch == "llama":
@@ -56,21 +60,12 @@ def tiny_hybrid_config(*, tied: bool = True, vocab: int = VOCAB):
     from transformers import Qwen3_5TextConfig
 
     return Qwen3_5TextConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **_sizes(vocab, tied, layers=4),
         linear_num_value_heads=4,
         linear_num_key_heads=2,
         linear_key_head_dim=16,
         linear_value_head_dim=16,
         linear_conv_kernel_dim=4,
-        max_position_embeddings=1024,
-        tie_word_embeddings=tied,
-        initializer_range=0.2,
     )
 
 

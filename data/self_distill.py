@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 from bdcore.chat import chat_ids
+from bdcore.decode.driver import DecodeDriver, DecodeLoop
 from bdcore.decode.modes import CausalDecoder
-from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence
+from bdcore.decode.sequence import AnswerTokens, DecodeStats
 from bdcore.tokens import end_of_turn_id
 
 
@@ -108,8 +108,7 @@ def answer_text(tok, record: dict, prompt_ids: list[int], tokens: list[int], eot
 def distill(loaded, records: list[dict], out_path: Path, args, *, progress: bool = True) -> dict:
     """Decode every record's answer(s), write the kept ones in prompt order, and return the stats."""
     tok, eot = loaded.tokenizer, end_of_turn_id(loaded.tokenizer)
-    runner = ModelRunner.for_checkpoint(loaded.model, loaded.sidecar, loaded.mask_id)
-    block_causal = loaded.sidecar is not None and not loaded.sidecar.clean_causal
+    caps = loaded.capabilities
     max_pos = getattr(loaded.model.config, "max_position_embeddings", None)
     sampled = args.temperature > 0
     stats = {"skipped_prompts": Counter(), "dropped": Counter(), "kept": 0, "kept_tokens": 0, "generated_tokens": 0}
@@ -138,27 +137,23 @@ def distill(loaded, records: list[dict], out_path: Path, args, *, progress: bool
         bar = tqdm(total=len(requests), desc="self-distill", unit=" answer", dynamic_ncols=True)
     t0 = time.perf_counter()
     with open(out_path, "w", encoding="utf-8") as out:
-        pending, active = list(reversed(requests)), []
-        while pending or active:
-            while pending and len(active) < args.batch:
+        pending = list(reversed(requests))
+        loop: DecodeLoop[Request] = DecodeLoop(DecodeDriver(caps.runner(loaded.model)), args.batch)
+        while pending or loop.active:
+            while pending and loop.room:
                 r = pending.pop()
-                sink = AnswerTokens(loaded.stop_ids, args.max_new_tokens, DecodeStats())
+                sink = AnswerTokens(caps.stop_ids, args.max_new_tokens, DecodeStats())
                 gen = torch.Generator().manual_seed(r.seed if r.seed is not None else 0)
-                sp = SamplingParams(**params, seed=r.seed)
-                seq = Sequence(list(r.ids), sp, gen, sink, loaded.mask_id, loaded.stop_ids, block_causal)
-                r.decoder = CausalDecoder(seq)
-                active.append(r)
-            logits = runner.forward([(r.decoder.seq.cache, r.decoder.next_forward()) for r in active])
+                r.decoder = CausalDecoder(caps.sequence(r.ids, SamplingParams(**params, seed=r.seed), gen, sink))
+                loop.admit(r, r.decoder)
+            retired = loop.step()
             forwards += 1
-            for r, lg in zip(active, logits):
-                r.decoder.take(lg)
-                if r.decoder.finished:
-                    done[r.index] = _finish(tok, r, eot, stats)
-                    r.decoder = None  # frees its cache now, not when the set is done
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(kept=stats["kept"], dropped=sum(stats["dropped"].values()), refresh=False)
-            active = [r for r in active if r.decoder is not None]
+            for r, _ in retired:
+                done[r.index] = _finish(tok, r, eot, stats)
+                r.decoder = None  # frees its cache now, not when the set is done
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(kept=stats["kept"], dropped=sum(stats["dropped"].values()), refresh=False)
             while next_out in done:
                 row = done.pop(next_out)
                 if row is not None:

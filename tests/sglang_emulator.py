@@ -13,8 +13,9 @@ wheel's source: `srt/dllm/mixin/scheduler.py`, `srt/dllm/mixin/req.py`, `srt/dll
   chunked_prefill_size -1): an attention layer's `attn_type` decides, in EXTEND and DLLM_EXTEND
   forwards alike; DECODER_BIDIRECTIONAL makes the forward's new tokens see each other both ways. The
   type is whatever the last `set_attention` left (RadixAttention starts causal);
-- stops: `Req._check_token_based_finish` with SGLang's stop set (config.json and generation config
-  `eos_token_id`, the tokenizer's eos), then `max_new_tokens`;
+- stops: `Req._check_token_based_finish` with SGLang's stop set as the launcher reads it
+  (`sglang_stop_ids`: config.json and generation config `eos_token_id`, the tokenizer's eos), then
+  `max_new_tokens`;
 - hybrid models behave like SGLang's gated-delta layers: a (causal) canvas forward absorbs the
   canvas into the request's recurrent state and leaves it there, unless the state guard restores it.
 
@@ -36,6 +37,7 @@ from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import SequenceCache
 from bdcore.gated_delta import is_hybrid
 from inference.sglang_backend.algorithms import ShiftedCanvasAlgorithm
+from inference.sglang_backend.command import sglang_stop_ids
 
 
 class Mode:
@@ -146,17 +148,6 @@ def _sampling_info(params: list[SamplingParams], vocab: int) -> SimpleNamespace:
     )
 
 
-def sglang_stop_ids(loaded) -> frozenset[int]:
-    """ModelConfig._get_hf_eos_token_id (config and generation config) plus the tokenizer's eos."""
-    ids: set[int] = set()
-    for source in (loaded.model.config, getattr(loaded.model, "generation_config", None)):
-        value = getattr(source, "eos_token_id", None)
-        ids |= {value} if isinstance(value, int) else set(value or ())
-    if loaded.tokenizer.eos_token_id is not None:
-        ids.add(int(loaded.tokenizer.eos_token_id))
-    return frozenset(ids)
-
-
 @dataclass
 class _Request:
     rid: str
@@ -178,7 +169,7 @@ def serve(
 ):
     """Decode the prompts (queued in order), SGLang style. Returns (outputs without the stop token, forwards)."""
     runner = runner or EmulatedModelRunner(loaded)
-    B, vocab, stops = algorithm.block_size, len(loaded.tokenizer), sglang_stop_ids(loaded)
+    B, vocab, stops = algorithm.block_size, len(loaded.tokenizer), sglang_stop_ids(loaded.path, loaded.tokenizer)
     base = len(runner.caches)
     waiting = [_Request(f"req-{base + i}", list(p), q) for i, (p, q) in enumerate(zip(prompts, params))]
     requests, running = list(waiting), []

@@ -71,9 +71,7 @@ def test_diffusion_reports_the_shared_diffusion_logprob(loaded):
     traced = rollout(
         loaded.model,
         prompts,
-        mask_id=loaded.mask_id,
-        stop_ids=loaded.stop_ids,
-        bd_size=sc.bd_size,
+        caps=loaded.capabilities,
         decode=decode,
         params=SamplingParams(max_tokens=12),
     )

@@ -29,9 +29,7 @@ def _setup(model, loaded, *, per_block=1, seed=0):
     rollouts = rollout(
         model,
         _prompts(loaded.tokenizer, 3, seed=4),
-        mask_id=loaded.mask_id,
-        stop_ids=loaded.stop_ids,
-        bd_size=sc.bd_size,
+        caps=loaded.capabilities,
         decode=DecodeConfig(mode="diffusion", threshold=0.3),
         params=SamplingParams(max_tokens=14),
     )

@@ -28,9 +28,7 @@ def recorded(tmp_path_factory):
     return rollout(
         loaded.model,
         _prompts(loaded.tokenizer, 2, seed=2),
-        mask_id=loaded.mask_id,
-        stop_ids=loaded.stop_ids,
-        bd_size=4,
+        caps=loaded.capabilities,
         decode=DecodeConfig(mode="diffusion", threshold=0.99),
         params=SamplingParams(max_tokens=12),
     )

@@ -7,9 +7,9 @@ import threading
 import pytest
 import torch
 
+from bdcore.decode.driver import DecodeLoop
 from bdcore.decode.modes import Forward
 from bdcore.decode.rows import Rows
-from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import SequenceCache
 from bdcore.loading import load_checkpoint
@@ -91,7 +91,7 @@ def test_batched_logits_match_one_sequence_forwards(loaded):
     one, whose cache goes in unpadded), also after a rollback crop."""
     model, mask = loaded.model, loaded.mask_id
     prompts = _prompts(loaded.tokenizer, 3, seed=9)
-    runner = ModelRunner.for_checkpoint(model, loaded.sidecar, mask)
+    runner = loaded.capabilities.runner(model)
     batched = [SequenceCache() for _ in prompts]
     alone = [SequenceCache() for _ in prompts]
     steps = [
@@ -141,3 +141,33 @@ def test_bad_settings_fail_in_the_caller(tmp_path):
         Scheduler(Engine(dense), 4).generate([1, 2, 3], SamplingParams(), DecodeConfig(mode="self-spec", draft_len=9))
     with pytest.raises(ValueError, match="max_batch"):
         Scheduler(Engine(dense), 0)
+
+
+def test_decode_loop_batches_admits_and_retires(loaded):
+    """The one decode loop (bdcore/decode/driver.py) with room for 3 of 8 requests: each request decodes
+    exactly what it decodes alone, a forward never carries more than 3, and a request whose decoder fails
+    (cancelled here) is retired with its error while the others go on (`catch`)."""
+    engine = Engine(loaded)
+    prompts = _prompts(loaded.tokenizer, len(MAX_TOKENS), seed=6)
+    params = [SamplingParams(max_tokens=m) for m in MAX_TOKENS]
+    want = [engine.generate(p, q) for p, q in zip(prompts, params)]
+    cancelled = threading.Event()
+    cancelled.set()
+    loop = DecodeLoop(engine.driver, 3, catch=True)
+    pending, outs, errors, widest = list(range(len(prompts))), {}, {}, 0
+    while pending or loop.active:
+        while pending and loop.room:
+            i = pending.pop(0)
+            decoder, outs[i] = engine.start(prompts[i], params[i], cancel=cancelled if i == 2 else None)
+            loop.admit(i, decoder)
+        widest = max(widest, len(loop.active))
+        errors.update(loop.step())
+    assert widest == 3 and sorted(errors) == list(range(len(prompts)))
+    assert isinstance(errors.pop(2), Cancelled) and set(errors.values()) == {None}
+    for i in errors:
+        got = outs[i].generation()
+        assert (got.tokens, got.finish_reason, got.stats.forwards) == (
+            want[i].tokens,
+            want[i].finish_reason,
+            want[i].stats.forwards,
+        )

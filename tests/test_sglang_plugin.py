@@ -2,6 +2,7 @@
 checkpoint must pass, and the registration pieces (`inference/sglang_backend/plugin.py` takes SGLang's classes
 as arguments; here they are given stand-ins with the 0.5.23 signatures)."""
 
+import dataclasses
 import enum
 import inspect
 import json
@@ -106,12 +107,18 @@ def test_checkpoint_checks(ckpt, tmp_path):
 
 def test_hybrid_checkpoints_need_a_within_block_causal_canvas(tmp_path):
     hybrid = tiny_checkpoint(tmp_path / "h", arch="qwen3_5", bd_size=4)
-    settings = bdstack_settings(hybrid, "diffusion")
+    refused = "hybrid .* bidirectional canvas .* --backend native"
+    with pytest.raises(ValueError, match=refused):  # the launcher refuses it before SGLang starts
+        bdstack_settings(hybrid, "diffusion")
+    # and so does the plugin inside SGLang, given settings for it (made with the canvas flag flipped)
+    sidecar = json.loads((hybrid / "block_diffusion.json").read_text())
+    (hybrid / "block_diffusion.json").write_text(json.dumps(sidecar | {"within_block_causal": True}))
+    settings = dataclasses.replace(bdstack_settings(hybrid, "diffusion"), within_block_causal=False)
+    (hybrid / "block_diffusion.json").write_text(json.dumps(sidecar))
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(settings.to_dict()))
-    with pytest.raises(plugin.PluginError, match="hybrid .* bidirectional canvas .* --backend native"):
+    with pytest.raises(plugin.PluginError, match=refused):
         plugin.load_settings(str(hybrid), DIFFUSION, str(path))
-    sidecar = json.loads((hybrid / "block_diffusion.json").read_text())
     (hybrid / "block_diffusion.json").write_text(json.dumps(sidecar | {"within_block_causal": True}))
     settings = bdstack_settings(hybrid, "self-spec")
     assert settings.within_block_causal

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from bdcore.attention_rule import dense_mask
+from bdcore.capabilities import Capabilities
 from bdcore.decode.config import DecodeConfig, DecodeSettingsError
 from bdcore.decode.rows import Rows
 from tests.one_sequence import OneSequence
@@ -152,10 +153,11 @@ def test_engine_canvas_logits_equal_training_logits(arch):
 
 
 def test_self_spec_is_refused_for_an_unshifted_checkpoint():
+    unshifted = Capabilities(bd_size=4, shift=False, clean_causal=False)
     with pytest.raises(DecodeSettingsError, match="AR head"):
-        DecodeConfig(mode="self-spec").resolve(4, shift=False)
-    assert DecodeConfig(mode="diffusion").resolve(4, shift=False).budget == 4, "every slot is predicted"
-    assert DecodeConfig(mode="diffusion").resolve(4).budget == 3
+        DecodeConfig(mode="self-spec").resolve(unshifted)
+    assert DecodeConfig(mode="diffusion").resolve(unshifted).budget == 4, "every slot is predicted"
+    assert DecodeConfig(mode="diffusion").resolve(Capabilities(bd_size=4)).budget == 3
 
 
 @pytest.mark.e2e

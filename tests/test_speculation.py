@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from bdcore.capabilities import Capabilities
 from bdcore.decode.cost import RowCost, calibrate, load_or_calibrate
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.speculation import (
@@ -295,14 +296,14 @@ def test_calibration_times_forwards_by_rows(checkpoint):
 def test_auto_settings_resolve():
     from bdcore.decode.config import DecodeSettingsError
 
-    r = DecodeConfig(mode="self-spec", draft_len="auto").resolve(8)
+    r = DecodeConfig(mode="self-spec", draft_len="auto").resolve(Capabilities(bd_size=8))
     assert r.draft_len == 8 and r.auto_draft().max_drafts == 7 and r.auto_draft().fixed_drafts is None
-    r = DecodeConfig(mode="self-spec", draft_len=4, self_spec_canvases="auto").resolve(8)
+    r = DecodeConfig(mode="self-spec", draft_len=4, self_spec_canvases="auto").resolve(Capabilities(bd_size=8))
     assert r.auto_draft().fixed_drafts == 3 and r.auto_draft().canvases == "auto"
-    assert DecodeConfig(mode="self-spec", draft_len=4).resolve(8).auto_draft() is None
-    assert DecodeConfig(mode="causal", draft_len="auto").resolve(8).auto_draft() is None
+    assert DecodeConfig(mode="self-spec", draft_len=4).resolve(Capabilities(bd_size=8)).auto_draft() is None
+    assert DecodeConfig(mode="causal", draft_len="auto").resolve(Capabilities(bd_size=8)).auto_draft() is None
     with pytest.raises(DecodeSettingsError, match="draft_len"):
-        DecodeConfig(mode="self-spec", draft_len="many").resolve(8)
+        DecodeConfig(mode="self-spec", draft_len="many").resolve(Capabilities(bd_size=8))
 
 
 def test_a_request_that_went_causal_drafts_again_after_a_while():

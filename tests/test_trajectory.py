@@ -43,18 +43,13 @@ def loaded(request, tmp_path_factory):
 
 
 def _rollouts(loaded, decode, *, max_tokens=20, sync=None, prompts=None, params=None, stop_ids=None, seed=0):
-    sc = loaded.sidecar
     kwargs = {} if sync is None else {"sync": sync}
     return rollout(
         loaded.model,
         prompts or _prompts(loaded.tokenizer, len(MAX_TOKENS), seed=3),
-        mask_id=loaded.mask_id,
-        stop_ids=stop_ids or loaded.stop_ids,
-        bd_size=sc.bd_size,
+        caps=dataclasses.replace(loaded.capabilities, stop_ids=stop_ids or loaded.stop_ids),
         decode=decode,
         params=params or SamplingParams(max_tokens=max_tokens),
-        clean_causal=sc.clean_causal,
-        within_block_causal=sc.within_block_causal,
         seed=seed,
         **kwargs,
     )

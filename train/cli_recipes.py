@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from bdcore.capabilities import MODES, Capabilities
 from train.config import FlagError
 
 
@@ -79,7 +80,7 @@ def _rl_flags(p: argparse.ArgumentParser) -> None:
     r.add_argument("--rl_updates_per_batch", type=int, default=1, help="optimizer steps per rollout batch (default 1)")
     r.add_argument(
         "--rl_rollout_mode",
-        choices=["diffusion", "self-spec", "causal"],
+        choices=MODES,
         default="diffusion",
         help="decode mode of the rollouts (default diffusion: the canvas states' log-probs train the drafting "
         "rows; self-spec and causal answers are the AR head's, so their AR log-probs train the clean rows)",
@@ -141,7 +142,9 @@ def check_rl(args, bad) -> None:
     for flag in ("rl_group_size", "rl_prompts_per_step", "rl_updates_per_batch", "rl_max_new_tokens"):
         if getattr(args, flag) < 1:
             bad(f"--{flag}", f"must be >= 1, got {getattr(args, flag)}")
-    if args.rl_rollout_mode != "diffusion" and (args.draft_adapter or not args.ar_loss_weight > 0):
+    # The student's clean stream is causal only with the AR loss on (a draft adapter's is the frozen base).
+    student = Capabilities(bd_size=args.bd_size, clean_causal=args.ar_loss_weight > 0 or bool(args.draft_adapter))
+    if args.rl_rollout_mode != "diffusion" and (args.draft_adapter or not student.ar_head):
         bad(
             "--rl_rollout_mode",
             f"{args.rl_rollout_mode} rollouts are answers of the AR head, which this run does not train (with "

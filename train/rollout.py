@@ -1,7 +1,8 @@
 """Student rollouts for on-policy training: the serving engine's decoding, recorded.
 
-Each prompt is decoded by the same decoders (`bdcore.decode.modes`) and runner as `serve.py --mode
-diffusion` (or causal, or self-spec), batched, KV-cached, under no-grad, with the model in eval mode.
+Each prompt is decoded by the same decoders (`bdcore.decode.modes`), runner and decode loop
+(`bdcore.decode.driver`) as `serve.py --mode diffusion` (or causal, or self-spec), batched, KV-cached,
+under no-grad, with the model in eval mode, on the student's capabilities (`student_capabilities`).
 In diffusion mode every forward's commits are recorded as `CommitStep`s (the canvas the forward saw,
 which slots it committed, with what log-probability), so a training forward can later revisit the exact
 states the student visited. Causal and self-spec answers are distributed as the AR head's own (self-spec
@@ -24,12 +25,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bdcore.capabilities import Capabilities
 from bdcore.decode.config import DecodeConfig
+from bdcore.decode.driver import DecodeDriver, DecodeLoop
 from bdcore.decode.modes import CommitStep, DiffusionDecoder, Forward, make_decoder
 from bdcore.decode.rows import Rows
-from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, SequenceCache
+from bdcore.decode.sequence import AnswerTokens, DecodeStats, SequenceCache
 
 
 @dataclass
@@ -75,46 +77,41 @@ def rollout(
     model,
     prompts: list[list[int]],
     *,
-    mask_id: int,
-    stop_ids: frozenset[int],
-    bd_size: int,
+    caps: Capabilities,
     decode: DecodeConfig,
     params: SamplingParams,
-    clean_causal: bool = True,
-    within_block_causal: bool = False,
     seed: int = 0,
     sync: Callable[[bool], bool] = any_rank_active,
 ) -> list[Rollout]:
-    """Decode every prompt with the student (`decode.mode`) and record its commits; one batched forward
-    per step over the prompts still decoding. Sampling seeds are `seed + index`."""
+    """Decode every prompt with the model (`decode.mode`) as a checkpoint with capabilities `caps` (its
+    block, mask and stop tokens, attention) and record its commits; one batched forward per step over the
+    prompts still decoding. Sampling seeds are `seed + index`."""
     ar_mode = decode.mode != "diffusion"
     if ar_mode:  # the decoder scores each emitted token with the AR head (what `logprobs` serves)
         params = dataclasses.replace(params, logprobs=0)
     was_training = model.training
     model.eval()
     try:
-        runner = ModelRunner(model, banned=mask_id, clean_causal=clean_causal, within_block_causal=within_block_causal)
-        resolved = decode.resolve(bd_size)
+        runner = caps.runner(model)
+        loop = DecodeLoop(DecodeDriver(runner))
+        resolved = decode.resolve(caps)
         decoders, sinks = [], []
         for i, prompt in enumerate(prompts):
-            sink = AnswerTokens(stop_ids, params.max_tokens, DecodeStats())
+            sink = AnswerTokens(caps.stop_ids, params.max_tokens, DecodeStats())
             gen = torch.Generator().manual_seed(seed + i)
-            seq = Sequence(list(prompt), params, gen, sink, mask_id, stop_ids, block_causal=not clean_causal)
-            decoder = make_decoder(resolved, seq)
+            decoder = make_decoder(resolved, caps.sequence(prompt, params, gen, sink))
             if not ar_mode:
                 assert isinstance(decoder, DiffusionDecoder)
                 decoder.trace = []
+            loop.admit(decoder, decoder)
             decoders.append(decoder)
             sinks.append(sink)
         stand_in = SequenceCache()
-        while sync(any(not d.finished for d in decoders)):
-            active = [d for d in decoders if not d.finished]
-            if not active:  # lockstep: this rank is done, others are not
-                runner.forward([(stand_in, Forward(Rows().clean([mask_id], 0), 0))])
-                continue
-            logits = runner.forward([(d.seq.cache, d.next_forward()) for d in active])
-            for d, lg in zip(active, logits):
-                d.take(lg)
+        while sync(any(not d.finished for _, d in loop.active)):
+            if any(not d.finished for _, d in loop.active):
+                loop.step()
+            else:  # lockstep: this rank is done, others are not
+                runner.forward([(stand_in, Forward(Rows().clean([caps.mask_id], 0), 0))])
         return [
             Rollout(list(p), s.tokens, s.stop_token, _ar_steps(len(p), s) if ar_mode else d.trace, s.stats)
             for p, s, d in zip(prompts, sinks, decoders)
@@ -154,6 +151,18 @@ def decoding(lm):
             lm.reshard()
 
 
+def student_capabilities(cfg, *, mask_id: int, stop_ids: frozenset[int]) -> Capabilities:
+    """What the student (its `BlockDiffusionConfig`) decodes as: its block, attention, mask and stop tokens."""
+    return Capabilities(
+        bd_size=cfg.bd_size,
+        mask_id=mask_id,
+        shift=not cfg.single_stream,
+        clean_causal=cfg.clean_causal,
+        within_block_causal=cfg.within_block_causal,
+        stop_ids=stop_ids,
+    )
+
+
 def student_rollouts(
     lm,
     prompts: list[list[int]],
@@ -166,17 +175,6 @@ def student_rollouts(
 ) -> list[Rollout]:
     """The trainer's student decodes as the server does (`decoding`). On-policy distillation and RL both
     roll out through it."""
-    cfg = lm.cfg
+    caps = student_capabilities(lm.cfg, mask_id=mask_id, stop_ids=stop_ids)
     with decoding(lm) as model:
-        return rollout(
-            model,
-            prompts,
-            mask_id=mask_id,
-            stop_ids=stop_ids,
-            bd_size=cfg.bd_size,
-            decode=decode,
-            params=params,
-            clean_causal=cfg.clean_causal,
-            within_block_causal=cfg.within_block_causal,
-            seed=seed,
-        )
+        return rollout(model, prompts, caps=caps, decode=decode, params=params, seed=seed)

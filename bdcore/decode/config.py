@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bdcore.capabilities import MODES, Capabilities
 from bdcore.decode.speculation import AutoDraft
 
-MODES = ("causal", "diffusion", "self-spec")
+__all__ = ["AUTO", "MODES", "SELF_SPEC_CANVASES", "DecodeConfig", "DecodeSettingsError", "ResolvedDecode"]
 # Self-spec verify forwards: one drafting canvas after the last clean row ("last": a rejection costs a cold
 # step), one after every clean row ("all": whatever prefix is accepted, its drafts are ready), or chosen each
 # step from the measured forward cost and acceptance ("auto", bdcore/decode/speculation.py).
@@ -22,13 +23,6 @@ def denoise_budget(block: int, steps: int | None, *, shift: bool = True) -> int:
     """Denoise forwards a diffusion block may take: `steps`, by default one per slot the canvas predicts
     (a shifted block's seed comes from the forward before; an unshifted block predicts every slot)."""
     return steps or max(1, block - 1 if shift else block)
-
-
-def check_draft_len(draft_len: int, bd_size: int) -> None:
-    """Self-spec may not draft more tokens than a trained block holds: a longer canvas is a block the model
-    never saw in training."""
-    if draft_len > bd_size:
-        raise DecodeSettingsError(f"draft_len {draft_len} exceeds the trained block size {bd_size}")
 
 
 @dataclass(frozen=True)
@@ -61,17 +55,11 @@ class DecodeConfig:
     fuse_commit: bool = True  # diffusion: fuse each commit (the prefill too) with the next block's first denoise
     self_spec_canvases: str = "last"  # self-spec: a drafting canvas after the last clean row, or after every one
 
-    def resolve(self, bd_size: int | None, *, shift: bool = True) -> ResolvedDecode:
-        """Fill the defaults from the trained block size (None: a plain AR checkpoint) and check limits.
-        `shift=False`: an unshifted (single-stream) checkpoint, which has no AR head to verify with."""
-        if self.mode not in MODES:
-            raise DecodeSettingsError(f"unknown mode {self.mode!r}; choose one of {MODES}")
-        if self.mode == "self-spec" and not shift:
-            raise DecodeSettingsError(
-                "self-spec needs a token-causal AR head to verify drafts; an unshifted (single-stream) checkpoint "
-                "has none: use mode diffusion, or causal (block by block, one token per step)"
-            )
-        bd = bd_size or 1
+    def resolve(self, caps: Capabilities) -> ResolvedDecode:
+        """Fill the defaults from the checkpoint's trained block size and check the settings against what
+        it can run (`caps`: its sidecar's capabilities, or `Capabilities.plain_ar()`)."""
+        caps.check_mode(self.mode, DecodeSettingsError)
+        bd = caps.max_draft_len
         block = self.block_size or bd
         auto_len = self.draft_len == AUTO
         if isinstance(self.draft_len, str) and not auto_len:
@@ -86,10 +74,11 @@ class DecodeConfig:
         if not self.threshold >= 0.0:  # above 1: one slot per step (nothing is ever that confident)
             raise DecodeSettingsError(f"threshold must be >= 0, got {self.threshold}")
         if self.mode != "causal":
-            check_draft_len(draft, bd)
+            if (too_long := caps.draft_len_refusal(draft)) is not None:
+                raise DecodeSettingsError(too_long)
             if block < 2 or draft < 2:
                 raise DecodeSettingsError("block_size and draft_len must be >= 2")
-        budget = denoise_budget(block, self.steps, shift=shift)
+        budget = denoise_budget(block, self.steps, shift=caps.shift)
         return ResolvedDecode(
             self.mode, block, budget, self.threshold, draft, self.fuse_commit, self.self_spec_canvases, auto_len
         )

@@ -1,17 +1,21 @@
-"""One decode step over decoders that share a runner: choose self-spec layouts, run the forward, time it.
+"""The decode loop over decoders that share a runner: admit, forward, take, retire.
 
-`DecodeDriver.forward(decoders)` is what the engine's one-request loop and the batched scheduler call:
-where a `Speculation` is attached (self-spec with `--draft-len auto` or `--self-spec-canvases auto`), it
-first sets every such decoder's layout for this forward from the measured cost and acceptance, then runs
-the decoders' next forwards as one runner call, feeds the forward's wall time back to the cost model
-(forwards without a prompt in them: a prompt's forward is not a decode step), and returns the logits for
-the caller to hand to each decoder's `take`.
+`DecodeLoop` is the one loop every caller drives decoders with: the engine (one request), the batched
+scheduler, the trainer's rollouts and self-distillation. It admits decoders up to a batch size, runs one
+`DecodeDriver.step` over them and retires the finished (or failed) ones. A step is the decoders' next
+forwards as one runner call (`DecodeDriver.forward`), then each decoder takes its logits.
+
+Where a `Speculation` is attached (self-spec with `--draft-len auto` or `--self-spec-canvases auto`), the
+forward first sets every such decoder's layout from the measured cost and acceptance, then feeds the
+forward's wall time back to the cost model (forwards without a prompt in them: a prompt's forward is not
+a decode step); after the take, the step pools what the verify steps accepted.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Generic, TypeVar
 
 import torch
 
@@ -108,5 +112,65 @@ class DecodeDriver:
         if self.speculation is not None:
             self.speculation.observe(decoders)
 
+    def step(self, decoders: list[Decoder], *, catch: bool = False) -> list[BaseException | None]:
+        """One decode step: the forward, each decoder takes its logits, the acceptance is pooled. `catch`:
+        an exception in one decoder's take (a cancelled request, a bug) comes back in its place while the
+        others go on; otherwise it propagates. A failed forward always raises."""
+        logits = self.forward(decoders)
+        errors: list[BaseException | None] = [None] * len(decoders)
+        for i, (d, lg) in enumerate(zip(decoders, logits)):
+            try:
+                d.take(lg)
+            except BaseException as e:  # noqa: BLE001 (handed to the request's own caller)
+                if not catch:
+                    raise
+                errors[i] = e
+        self.taken(decoders)
+        return errors
 
-__all__ = ["AutoDraft", "DecodeDriver", "Layout", "Speculation"]
+
+Item = TypeVar("Item")
+
+
+class DecodeLoop(Generic[Item]):
+    """Decoders in flight on one driver, each with the caller's item (a request, a job): admit up to
+    `max_batch`, step them together, retire the finished and the failed."""
+
+    def __init__(self, driver: DecodeDriver, max_batch: int | None = None, *, catch: bool = False):
+        self.driver, self.max_batch, self.catch = driver, max_batch, catch
+        self.active: list[tuple[Item, Decoder]] = []
+
+    @property
+    def room(self) -> int:
+        """How many more decoders the next step takes."""
+        return (self.max_batch - len(self.active)) if self.max_batch is not None else 1 << 30
+
+    def admit(self, item: Item, decoder: Decoder) -> None:
+        self.active.append((item, decoder))
+
+    def step(self) -> list[tuple[Item, BaseException | None]]:
+        """One step over every active decoder; the items it retired, in admission order, each with the
+        exception its decoder raised (with `catch`) or None: finished."""
+        retired = [(item, None) for item, d in self.active if d.finished]  # nothing left to decode
+        self.active = [(item, d) for item, d in self.active if not d.finished]
+        if not self.active:
+            return retired
+        errors = self.driver.step([d for _, d in self.active], catch=self.catch)
+        out = [((item, d), e) for (item, d), e in zip(self.active, errors)]
+        retired += [(item, e) for (item, d), e in out if e is not None or d.finished]
+        self.active = [(item, d) for (item, d), e in out if e is None and not d.finished]
+        return retired
+
+    def run(self) -> None:
+        """Step until every admitted decoder is retired (errors propagate: no `catch`)."""
+        while self.active:
+            self.step()
+
+    def drop_all(self) -> list[Item]:
+        """Retire every active item without decoding (their forward failed)."""
+        items = [item for item, _ in self.active]
+        self.active = []
+        return items
+
+
+__all__ = ["AutoDraft", "DecodeDriver", "DecodeLoop", "Layout", "Speculation"]

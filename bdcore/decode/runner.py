@@ -21,7 +21,6 @@ from bdcore.decode.rows import CANVAS_STREAM, decode_mask
 from bdcore.decode.sequence import SequenceCache
 from bdcore.draft_adapter import draft_rows
 from bdcore.gated_delta import is_hybrid
-from bdcore.sidecar import Sidecar
 
 
 class ModelRunner:
@@ -34,16 +33,6 @@ class ModelRunner:
         self.clean_causal = clean_causal
         self.within_block_causal = within_block_causal
         self.device = next(model.parameters()).device
-
-    @classmethod
-    def for_checkpoint(cls, model, sidecar: Sidecar | None, mask_id: int | None) -> ModelRunner:
-        """The runner a checkpoint's sidecar asks for (a plain AR checkpoint: causal rows only)."""
-        return cls(
-            model,
-            banned=mask_id,
-            clean_causal=sidecar.clean_causal if sidecar else True,
-            within_block_causal=sidecar.within_block_causal if sidecar else False,
-        )
 
     def forward(self, batch: list[tuple[SequenceCache, Forward]]) -> list[torch.Tensor]:
         """Logits [len(rows), V] per (cache, forward), `<|mask|>` banned; each cache keeps its first `keep`

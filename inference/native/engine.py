@@ -1,8 +1,8 @@
 """The native decode engine: causal, diffusion and self-spec over one checkpoint (docs/design.md section 6).
 
 `Engine.start` turns a request into a decoder (`bdcore.decode.modes`) whose sequence writes text to a
-`TextOutput`; `Engine.generate` drives one decoder alone on the engine's runner, and `scheduler.py`
-drives many in shared forwards on the same runner.
+`TextOutput`; `Engine.generate` drives one decoder alone through the engine's `DecodeDriver`, and
+`scheduler.py` drives many in shared forwards through the same driver (`bdcore.decode.driver.DecodeLoop`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ import torch
 
 from bdcore.decode.config import AUTO, DecodeConfig, ResolvedDecode
 from bdcore.decode.cost import RowCost, calibrate, load_or_calibrate
-from bdcore.decode.driver import DecodeDriver, Speculation
+from bdcore.decode.driver import DecodeDriver, DecodeLoop, Speculation
 from bdcore.decode.modes import Decoder, make_decoder
-from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, TokenLogprob
+from bdcore.decode.sequence import AnswerTokens, DecodeStats, TokenLogprob
 from bdcore.loading import LoadedModel
 
 __all__ = ["Cancelled", "DecodeConfig", "Engine", "Generation", "TextOutput"]
@@ -100,7 +99,7 @@ class Engine:
         self.loaded = loaded
         self.decode = decode or DecodeConfig()
         loaded.check_mode(self.decode.mode)
-        self.runner = ModelRunner.for_checkpoint(loaded.model, loaded.sidecar, loaded.mask_id)
+        self.runner = loaded.capabilities.runner(loaded.model)
         self.driver = DecodeDriver(self.runner, Speculation(cost, prior=loaded.draft_prior) if cost else None)
         self._calibrating = threading.Lock()
         d = self.decode
@@ -118,8 +117,7 @@ class Engine:
             return self.driver.speculation
 
     def _resolve(self, decode: DecodeConfig) -> ResolvedDecode:
-        sc = self.loaded.sidecar
-        return decode.resolve(sc.bd_size if sc else None, shift=sc is None or sc.shift)
+        return decode.resolve(self.loaded.capabilities)
 
     def start(
         self,
@@ -137,18 +135,12 @@ class Engine:
         the request with `Cancelled` at its next emitted tokens."""
         decode = decode or self.decode
         self.loaded.check_mode(decode.mode)
-        sc = self.loaded.sidecar
-        shift = sc is None or sc.shift
         resolved = self._resolve(decode)
         gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
         out = TextOutput(
             self.loaded.tokenizer, params, self.loaded.stop_ids, DecodeStats(), on_text, cancel, on_logprobs
         )
-        block_causal = sc is not None and not sc.clean_causal
-        seq = Sequence(
-            list(prompt_ids), params, gen, out, self.loaded.mask_id, self.loaded.stop_ids, block_causal, shift
-        )
-        decoder = make_decoder(resolved, seq)
+        decoder = make_decoder(resolved, self.loaded.capabilities.sequence(prompt_ids, params, gen, out))
         if (auto := resolved.auto_draft()) is not None:
             self.speculation().attach(decoder, auto)
         return decoder, out
@@ -158,8 +150,7 @@ class Engine:
     ) -> Generation:
         """Decode one request on its own (a batch of one)."""
         decoder, out = self.start(prompt_ids, params, decode, on_text=on_text, cancel=cancel)
-        while not decoder.finished:
-            (logits,) = self.driver.forward([decoder])
-            decoder.take(logits)
-            self.driver.taken([decoder])
+        loop = DecodeLoop(self.driver)
+        loop.admit(out, decoder)
+        loop.run()
         return out.generation()

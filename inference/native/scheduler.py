@@ -2,8 +2,9 @@
 
 `Scheduler.generate` is what the server calls from its worker threads; it blocks until that request
 is done. One scheduler thread keeps up to `max_batch` requests in flight, each a decoder from
-`bdcore.decode.modes` (any mix of modes), and runs their next forwards as one forward on the engine's
-runner; a request joins at the next step and leaves when it finishes, fails or is cancelled. With
+`bdcore.decode.modes` (any mix of modes), in a `DecodeLoop` on the engine's decode driver: their next
+forwards run as one forward; a request joins at the next step and leaves when it finishes, fails or is
+cancelled. With
 `max_batch` 1 requests run one at a time, each until it has fully stopped.
 """
 
@@ -14,6 +15,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
+from bdcore.decode.driver import DecodeLoop
 from bdcore.decode.modes import Decoder
 from inference.native.engine import Engine, Generation, TextOutput
 
@@ -56,31 +58,25 @@ class Scheduler:
                 self._thread.start()
 
     def _loop(self) -> None:
-        active: list[_Job] = []
+        # catch: a decoder's failure (Cancelled, or a bug) is reported to its request's own caller
+        loop: DecodeLoop[_Job] = DecodeLoop(self.driver, self.max_batch, catch=True)
         while True:
-            if not active:
-                active.append(self._jobs.get())
-            while len(active) < self.max_batch:
+            if not loop.active:
+                job = self._jobs.get()
+                loop.admit(job, job.decoder)
+            while loop.room:
                 try:
-                    active.append(self._jobs.get_nowait())
+                    job = self._jobs.get_nowait()
                 except queue.Empty:
                     break
+                loop.admit(job, job.decoder)
+            size = len(loop.active)
             try:
-                logits = self.driver.forward([job.decoder for job in active])
+                retired = loop.step()
             except Exception as e:  # the forward itself failed: every request in it fails
-                for job in active:
-                    job.error = e
-                    job.done.set()
-                active = []
-                continue
-            self.batch_sizes[len(active)] += 1
-            for job, lg in zip(active, logits):
-                try:
-                    job.decoder.take(lg)
-                    if job.decoder.finished:
-                        job.done.set()
-                except BaseException as e:  # Cancelled, or a bug: reported to the request's own caller
-                    job.error = e
-                    job.done.set()
-            self.driver.taken([job.decoder for job in active])
-            active = [j for j in active if not j.done.is_set()]
+                retired = [(job, e) for job in loop.drop_all()]
+            else:
+                self.batch_sizes[size] += 1
+            for job, error in retired:
+                job.error = error
+                job.done.set()

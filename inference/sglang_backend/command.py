@@ -15,6 +15,7 @@ Stdlib + PyYAML only: this runs in the launcher, which need not have torch or sg
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -205,9 +206,8 @@ def bdstack_settings(
     from transformers import AutoTokenizer
 
     from bdcore.decode.config import DecodeConfig
-    from bdcore.draft_adapter import NOT_ON_SGLANG
     from bdcore.sidecar import SIDECAR_NAME, read_sidecar
-    from bdcore.tokens import end_of_turn_id, filler_id
+    from bdcore.tokens import end_of_turn_id, filler_id, stop_ids
     from inference.sglang_backend.settings import ALGORITHMS, DecodeSettings
 
     model_dir = Path(model_dir)
@@ -216,13 +216,15 @@ def bdstack_settings(
     if not (model_dir / SIDECAR_NAME).is_file():
         raise ValueError(f"{model_dir} has no {SIDECAR_NAME}: --mode {mode} needs a bdstack checkpoint directory")
     sidecar = read_sidecar(model_dir)
-    if sidecar.draft_adapter is not None:
-        raise ValueError(NOT_ON_SGLANG)
     tok = AutoTokenizer.from_pretrained(model_dir)
     sidecar.check_tokenizer(tok)
+    model_config = json.loads((model_dir / "config.json").read_text())
+    caps = sidecar.capabilities(stop_ids=stop_ids(tok), model_config=model_config)
+    if (why := caps.backend_refusal("sglang", mode)) is not None:
+        raise ValueError(why)
     eot = end_of_turn_id(tok)
     filler = filler_id(tok, eot)
-    others = [int(tok.eos_token_id)] if tok.eos_token_id is not None and tok.eos_token_id not in (eot, filler) else []
+    others = sorted(caps.stop_ids - {eot, filler})  # e.g. eos, when it is not end-of-turn
     if eot not in sglang_stop_ids(model_dir, tok):
         # The algorithms report a filler as end-of-turn; SGLang must know it as a stop token.
         raise ValueError(
@@ -231,7 +233,7 @@ def bdstack_settings(
         )
     resolved = DecodeConfig(
         mode=mode, block_size=block_size, threshold=threshold, steps=steps, draft_len=draft_len
-    ).resolve(sidecar.bd_size)
+    ).resolve(caps)
     size = resolved.draft_len if mode == "self-spec" else resolved.block
     return DecodeSettings(
         algorithm=ALGORITHMS[mode],
@@ -249,8 +251,6 @@ def bdstack_settings(
 def sglang_stop_ids(model_dir: str | os.PathLike, tokenizer) -> frozenset[int]:
     """The token ids SGLang (0.5.23) ends a request at without request-level stops: config.json and
     generation_config.json `eos_token_id` (ModelConfig._get_hf_eos_token_id) and the tokenizer's eos."""
-    import json
-
     ids: set[int] = set()
     for name in ("config.json", "generation_config.json"):
         path = Path(model_dir) / name

@@ -28,16 +28,14 @@ import json
 import logging
 from pathlib import Path
 
-from bdcore.decode.config import DecodeSettingsError, check_draft_len
-from bdcore.draft_adapter import NOT_ON_SGLANG
-from bdcore.gated_delta import is_hybrid
 from bdcore.sidecar import SIDECAR_NAME, read_sidecar
 from inference.sglang_backend.algorithms import SelfSpec, ShiftedDiffusion
-from inference.sglang_backend.settings import DIFFUSION, SELF_SPEC, DecodeSettings
+from inference.sglang_backend.settings import ALGORITHMS, DIFFUSION, SELF_SPEC, DecodeSettings
 
 logger = logging.getLogger("bdstack.sglang")
 TESTED_SGLANG = "0.5.23"
 CORES = {DIFFUSION: ShiftedDiffusion, SELF_SPEC: SelfSpec}
+MODE_OF = {algorithm: mode for mode, algorithm in ALGORITHMS.items()}
 
 
 class PluginError(ValueError):
@@ -72,27 +70,12 @@ def load_settings(model_path: str, algorithm: str, config_path: str | None) -> D
         raise PluginError(f"{config_path}: mask_id {settings.mask_id}, but the checkpoint's is {sidecar.mask_id}")
     if sidecar.within_block_causal != settings.within_block_causal:
         raise PluginError(f"{config_path}: within_block_causal disagrees with the checkpoint's sidecar")
-    if not sidecar.clean_causal:
-        raise PluginError(
-            "SGLang encodes committed tokens causally; checkpoints with clean_causal: false need --backend native"
-        )
-    if not sidecar.shift:
-        raise PluginError("the checkpoint is unshifted (shift: false); our SGLang algorithms decode shifted ones")
-    if sidecar.draft_adapter is not None:
-        raise PluginError(NOT_ON_SGLANG)
-    if algorithm == SELF_SPEC:
-        try:
-            check_draft_len(settings.block_size, sidecar.bd_size)
-        except DecodeSettingsError as e:
-            raise PluginError(f"self-spec: {e}") from e
-    config = json.loads((directory / "config.json").read_text())
-    if is_hybrid(config) and not settings.within_block_causal:
-        raise PluginError(
-            "hybrid (gated-delta) checkpoints trained with a bidirectional canvas are not served by SGLang in "
-            "diffusion/self-spec modes: SGLang's gated-delta kernels read out token-causally, and the canvas needs "
-            "the block-end state's readout; serve them with --backend native (checkpoints trained with "
-            "--within_block_causal are served)"
-        )
+    caps = sidecar.capabilities(model_config=json.loads((directory / "config.json").read_text()))
+    mode = MODE_OF[algorithm]
+    if (why := caps.backend_refusal("sglang", mode)) is not None:
+        raise PluginError(why)
+    if mode == "self-spec" and (too_long := caps.draft_len_refusal(settings.block_size)) is not None:
+        raise PluginError(f"self-spec: {too_long}")
     return settings
 
 

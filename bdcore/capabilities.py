@@ -1,0 +1,197 @@
+"""What a checkpoint can run, decided in one place from its sidecar (docs/design.md sections 5 and 6).
+
+`Sidecar.capabilities()` (`Capabilities.plain_ar()` for a checkpoint without a sidecar) answers what the
+loader, the decode settings, the trainer's rollout flags and each serving backend ask: which modes
+decode, the attention of each forward, the stop tokens, the longest draft, and what a backend serves.
+Each refusal is one sentence that names the reason and the fix, written once here.
+
+Backends: "native" (this repository's engine) and "sglang" (our algorithms in SGLang); another backend
+registers its own rule with `register_backend` (e.g. a vLLM one), so its checks live beside these.
+Stdlib only at import: the SGLang plugin imports it in SGLang's own environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from bdcore.sidecar import SIDECAR_NAME
+
+MODES = ("causal", "diffusion", "self-spec")
+
+NOT_ON_SGLANG = (
+    "the checkpoint carries a draft-only adapter, which acts at canvas rows only; SGLang runs every row of a "
+    "forward through the same weights, so its diffusion and self-spec would not be what was trained: serve it "
+    "with --backend native (--mode causal on SGLang serves the base model, which the directory holds as is)"
+)
+
+
+class CapabilityError(ValueError):
+    """A mode, setting or backend the checkpoint cannot serve; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """A checkpoint's decode facts. `bd_size` None: a plain AR checkpoint (causal rows only)."""
+
+    bd_size: int | None = None
+    mask_id: int | None = None
+    shift: bool = True  # False: unshifted (single-stream); canvas row j predicts slot j, no AR head
+    clean_causal: bool = True  # committed tokens attend causally (False: block-causally)
+    within_block_causal: bool = False  # canvas rows attend causally within their block (False: both ways)
+    draft_adapter: bool = False  # a draft-only adapter acts at canvas rows only
+    hybrid: bool | None = None  # gated-delta layers (None: the model config was not read)
+    stop_ids: frozenset[int] = frozenset()  # end-of-turn, eos, the block filler (from the tokenizer)
+
+    @classmethod
+    def plain_ar(cls, *, mask_id: int | None = None, stop_ids: frozenset[int] = frozenset()) -> Capabilities:
+        return cls(mask_id=mask_id, stop_ids=stop_ids)
+
+    def with_facts(self, *, tokenizer=None, model_config=None) -> Capabilities:
+        """These capabilities with the facts the sidecar does not hold: the tokenizer's stop tokens and
+        whether the model (its `config.json`, a dict or an HF config) has gated-delta layers."""
+        caps = self
+        if tokenizer is not None:
+            from bdcore.tokens import stop_ids
+
+            caps = replace(caps, stop_ids=stop_ids(tokenizer))
+        if model_config is not None:
+            from bdcore.gated_delta import is_hybrid
+
+            caps = replace(caps, hybrid=is_hybrid(model_config))
+        return caps
+
+    # -- modes ---------------------------------------------------------------------------------------
+    @property
+    def block_diffusion(self) -> bool:
+        return self.bd_size is not None
+
+    @property
+    def ar_head(self) -> bool:
+        """A token-causal AR head over a causal clean stream: what verifies drafts and scores AR answers."""
+        return self.shift and self.clean_causal
+
+    def mode_refusal(self, mode: str) -> str | None:
+        """Why the native engine cannot decode `mode` on this checkpoint; None: it can."""
+        if mode not in MODES:
+            return f"unknown mode {mode!r}; choose one of {MODES}"
+        if mode == "causal":
+            return None
+        if not self.block_diffusion:
+            return (
+                f"mode {mode!r} needs a block-diffusion checkpoint ({SIDECAR_NAME} with <|mask|>); this one is a "
+                "plain AR model: serve it with --mode causal, or convert it with train.py"
+            )
+        if mode == "self-spec" and not self.shift:
+            return (
+                "self-spec needs a token-causal AR head to verify drafts; this checkpoint is unshifted (single-stream "
+                "masked diffusion, shift: false), which has none: serve it with --mode diffusion, or --mode causal "
+                "(block by block, one token per step)"
+            )
+        if mode == "self-spec" and not self.clean_causal:
+            return (
+                f"self-spec needs a causal AR head (clean_causal: true in {SIDECAR_NAME}); this checkpoint was "
+                "trained with a block-causal clean stream: serve it with --mode diffusion"
+            )
+        return None
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The modes the native engine decodes on this checkpoint."""
+        return tuple(m for m in MODES if self.mode_refusal(m) is None)
+
+    def check_mode(self, mode: str, error: type[Exception] = CapabilityError) -> None:
+        if (why := self.mode_refusal(mode)) is not None:
+            raise error(why)
+
+    # -- attention and drafts ------------------------------------------------------------------------
+    def attention(self, mode: str) -> dict[str, str]:
+        """The attention of each row kind in a forward of `mode`: committed tokens, and canvas rows."""
+        clean = "causal" if self.clean_causal else "block-causal"
+        if mode == "causal" or not self.block_diffusion:
+            return {"clean": clean}
+        return {"clean": clean, "canvas": "causal within the block" if self.within_block_causal else "bidirectional"}
+
+    @property
+    def max_draft_len(self) -> int:
+        """The longest self-spec draft (or diffusion canvas) the checkpoint was trained on: its block."""
+        return self.bd_size or 1
+
+    def draft_len_refusal(self, draft_len: int) -> str | None:
+        """A canvas longer than a trained block is a block the model never saw in training."""
+        if draft_len > self.max_draft_len:
+            return f"draft_len {draft_len} exceeds the trained block size {self.max_draft_len}"
+        return None
+
+    # -- backends ------------------------------------------------------------------------------------
+    def backend_refusal(self, backend: str, mode: str) -> str | None:
+        """Why `backend` cannot serve `mode` on this checkpoint; None: it can."""
+        if backend not in BACKENDS:
+            return f"unknown backend {backend!r}; choose one of {sorted(BACKENDS)}"
+        return BACKENDS[backend](self, mode)
+
+    def serves(self, backend: str, mode: str) -> bool:
+        return self.backend_refusal(backend, mode) is None
+
+    # -- decoding ------------------------------------------------------------------------------------
+    def runner(self, model):
+        """The decode runner for this checkpoint's attention (bdcore.decode.runner)."""
+        from bdcore.decode.runner import ModelRunner
+
+        return ModelRunner(
+            model,
+            banned=self.mask_id,
+            clean_causal=self.clean_causal,
+            within_block_causal=self.within_block_causal,
+        )
+
+    def sequence(self, prompt_ids, params, generator, out):
+        """A request's `Sequence` on this checkpoint: its mask ban, stop tokens and clean-stream attention."""
+        from bdcore.decode.sequence import Sequence
+
+        return Sequence(
+            list(prompt_ids),
+            params,
+            generator,
+            out,
+            self.mask_id,
+            self.stop_ids,
+            block_causal=not self.clean_causal,
+            shift=self.shift,
+        )
+
+
+def _native(caps: Capabilities, mode: str) -> str | None:
+    return caps.mode_refusal(mode)
+
+
+def _sglang(caps: Capabilities, mode: str) -> str | None:
+    """Our SGLang algorithms (inference/sglang_backend): causal is stock SGLang on the HF weights."""
+    if mode == "causal":
+        return None
+    if mode not in MODES:
+        return f"unknown mode {mode!r}; choose one of {MODES}"
+    if not caps.block_diffusion:
+        return f"--mode {mode} needs a bdstack checkpoint directory (with {SIDECAR_NAME})"
+    if caps.draft_adapter:
+        return NOT_ON_SGLANG
+    if not caps.clean_causal:
+        return "SGLang encodes committed tokens causally; checkpoints with clean_causal: false need --backend native"
+    if not caps.shift:
+        return "the checkpoint is unshifted (shift: false); our SGLang algorithms decode shifted ones"
+    if caps.hybrid and not caps.within_block_causal:
+        return (
+            "hybrid (gated-delta) checkpoints trained with a bidirectional canvas are not served by SGLang in "
+            "diffusion/self-spec modes: SGLang's gated-delta kernels read out token-causally, and the canvas needs "
+            "the block-end state's readout; serve them with --backend native (checkpoints trained with "
+            "--within_block_causal are served)"
+        )
+    return None
+
+
+BACKENDS: dict[str, Callable[[Capabilities, str], str | None]] = {"native": _native, "sglang": _sglang}
+
+
+def register_backend(name: str, refusal: Callable[[Capabilities, str], str | None]) -> None:
+    """Add a serving backend's rule: `refusal(caps, mode)` says why it cannot serve, or None."""
+    BACKENDS[name] = refusal
