@@ -1,10 +1,13 @@
-"""Semantics shared by `train/` and `inference/`, which never import each other.
+"""Semantics shared by `train/` and `inference/`, which never import each other (tests/test_layering.py).
 
 - `sidecar.py`: the one definition of `block_diffusion.json` (docs/design.md section 5);
+- `capabilities.py`: what a checkpoint can run, from its sidecar: modes, attention, stop ids, draft
+  limit, what each serving backend serves; `loading.py`: load a checkpoint to decode it;
 - `attention_rule.py`: the one definition of who attends to whom (docs/design.md section 3), used by the
   training rows and by every decode forward of the native engine;
 - `tokens.py`: which ids are `<|mask|>`, end-of-turn and the block filler;
 - `scoring.py`: answer scoring, one definition for evaluation and RL rewards;
+- `chat.py`: prompt rendering (chat template, then tokens), one definition for training and serving;
 - `gated_delta.py`: the q/k conventions and chunk math of gated-delta layers (trainer op and engine
   recurrence); `gated_delta_reference.py`: their slow per-token references (tests, benchmark);
 - `decode/`: the decode core: modes, rules, rows, sequences, the runner (see its __init__).

@@ -47,19 +47,14 @@ class Capabilities:
     def plain_ar(cls, *, mask_id: int | None = None, stop_ids: frozenset[int] = frozenset()) -> Capabilities:
         return cls(mask_id=mask_id, stop_ids=stop_ids)
 
-    def with_facts(self, *, tokenizer=None, model_config=None) -> Capabilities:
-        """These capabilities with the facts the sidecar does not hold: the tokenizer's stop tokens and
-        whether the model (its `config.json`, a dict or an HF config) has gated-delta layers."""
-        caps = self
-        if tokenizer is not None:
-            from bdcore.tokens import stop_ids
+    def with_facts(self, *, model_config=None) -> Capabilities:
+        """These capabilities with what the sidecar does not hold: whether the model (its `config.json`
+        as a dict, or an HF config) has gated-delta layers."""
+        if model_config is None:
+            return self
+        from bdcore.gated_delta import is_hybrid
 
-            caps = replace(caps, stop_ids=stop_ids(tokenizer))
-        if model_config is not None:
-            from bdcore.gated_delta import is_hybrid
-
-            caps = replace(caps, hybrid=is_hybrid(model_config))
-        return caps
+        return replace(self, hybrid=is_hybrid(model_config))
 
     # -- modes ---------------------------------------------------------------------------------------
     @property

@@ -33,11 +33,10 @@ def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, 
         loaded.check_mode("self-spec")
     except CheckpointError as e:
         raise SystemExit(f"draft_quality: {checkpoint} cannot draft for self-spec: {e}") from e
-    N = draft_len or loaded.sidecar.bd_size
-    if not 2 <= N <= loaded.sidecar.bd_size:
-        raise SystemExit(
-            f"draft_quality: --draft-len {N} must lie in [2, the checkpoint's bd_size {loaded.sidecar.bd_size}]"
-        )
+    longest = loaded.capabilities.max_draft_len
+    N = draft_len or longest
+    if not 2 <= N <= longest:
+        raise SystemExit(f"draft_quality: --draft-len {N} must lie in [2, the checkpoint's bd_size {longest}]")
     samples = heldout_answers(str(data), loaded.tokenizer, end_of_turn_id(loaded.tokenizer), limit=limit)
     runner = loaded.capabilities.runner(loaded.model)
     t0 = time.perf_counter()

@@ -108,8 +108,8 @@ def test_request_limits_reach_the_native_server(monkeypatch):
 
     import uvicorn
 
+    from bdcore import loading
     from inference import server
-    from inference.native import loading
 
     made = []
     monkeypatch.setattr(loading, "load_checkpoint", lambda *a, **k: types.SimpleNamespace(name="m"))

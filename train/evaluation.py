@@ -12,10 +12,9 @@ from __future__ import annotations
 import time
 
 from bdcore.decode.draft_quality import draft_quality
-from bdcore.decode.runner import ModelRunner
 from train.config import FlagError, JobConfig
 from train.data import DataError, heldout_answers
-from train.rollout import decoding
+from train.rollout import decoding, student_capabilities
 
 
 class DraftEval:
@@ -33,10 +32,8 @@ class DraftEval:
 
     def __call__(self, lm) -> dict[str, float]:
         t0 = time.perf_counter()
-        cfg = lm.cfg
+        caps = student_capabilities(lm.cfg, mask_id=self.mask_id, stop_ids=frozenset())
         with decoding(lm) as model:
-            runner = ModelRunner(
-                model, banned=self.mask_id, clean_causal=cfg.clean_causal, within_block_causal=cfg.within_block_causal
-            )
+            runner = caps.runner(model)
             quality = draft_quality(runner, self.samples, mask_id=self.mask_id, draft_len=self.bd_size)
         return {**quality.summary(), "t_eval_s": time.perf_counter() - t0}

@@ -107,8 +107,8 @@ def rollout(
             decoders.append(decoder)
             sinks.append(sink)
         stand_in = SequenceCache()
-        while sync(any(not d.finished for _, d in loop.active)):
-            if any(not d.finished for _, d in loop.active):
+        while sync(busy := any(not d.finished for _, d in loop.active)):
+            if busy:
                 loop.step()
             else:  # lockstep: this rank is done, others are not
                 runner.forward([(stand_in, Forward(Rows().clean([caps.mask_id], 0), 0))])

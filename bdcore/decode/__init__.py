@@ -7,7 +7,7 @@
 - `sequence.py`: one request's state (`Sequence`): sampling, token sink, cache, stats;
 - `modes.py`: the causal, diffusion and self-spec decoders (state machines over forwards);
 - `runner.py`: the model forward over the next rows of one or more sequences;
-- `driver.py`: one decode step over decoders sharing a runner (layout choice, forward, its timing);
+- `driver.py`: the one decode loop (admit, forward, take, retire) and its step (layout choice, timing);
 - `speculation.py`: self-spec layouts and the policy that picks them from cost and acceptance;
 - `cost.py`: the forward's measured cost by rows (calibration, cache, live timings);
 - `gated_delta_layers.py`: gated-delta layers in decode forwards (the runner keeps their state).

@@ -134,8 +134,7 @@ class Engine:
         log-probabilities (with `params.logprobs`) just before; setting `cancel` (a threading.Event) stops
         the request with `Cancelled` at its next emitted tokens."""
         decode = decode or self.decode
-        self.loaded.check_mode(decode.mode)
-        resolved = self._resolve(decode)
+        resolved = self._resolve(decode)  # refuses a mode the checkpoint cannot run, as the loader words it
         gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
         out = TextOutput(
             self.loaded.tokenizer, params, self.loaded.stop_ids, DecodeStats(), on_text, cancel, on_logprobs
