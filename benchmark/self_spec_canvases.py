@@ -66,6 +66,7 @@ def measure(
     draft_len: int | None,
     draft_lens: list[int] = (),
     concurrency: int = 1,
+    only: list[str] = (),
 ) -> list[dict]:
     from transformers import AutoTokenizer
 
@@ -83,7 +84,13 @@ def measure(
     ]
     rows = []
     params = SamplingParams(max_tokens=max_tokens)
-    for name, settings in variants(draft_len, list(draft_lens)).items():
+    chosen = variants(draft_len, list(draft_lens))
+    unknown = sorted(set(only) - set(chosen))
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; choose from {list(chosen)}")
+    if only:  # causal first: the table's ratios are to it
+        chosen = {k: v for k, v in chosen.items() if k == "causal" or k in only}
+    for name, settings in chosen.items():
         engine = Engine(loaded, DecodeConfig(**settings))  # an auto variant measures its row cost here (cached)
         engine.generate(heldout.prompt_ids[0], params)  # warm-up, not timed
         outs, wall = _run(engine, heldout.prompt_ids, params, concurrency)
@@ -143,6 +150,13 @@ def main(argv=None) -> int:
         help="also every fixed N in this comma list, in both layouts (e.g. 2,3,4,8)",
     )
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight (batched scheduler; default 1)")
+    p.add_argument(
+        "--variants",
+        type=lambda t: [x.strip() for x in t.split(",") if x.strip()],
+        default=[],
+        help="only these variants (comma list of names as the table prints them, e.g. 'self-spec auto,self-spec "
+        "last N=3'); causal always runs (default: all)",
+    )
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
     rows = measure(
@@ -153,6 +167,7 @@ def main(argv=None) -> int:
         draft_len=args.draft_len,
         draft_lens=args.draft_lens,
         concurrency=args.concurrency,
+        only=args.variants,
     )
     command = "python -m benchmark.self_spec_canvases " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"{command}\n\n{table(rows)}")

@@ -31,3 +31,16 @@ def test_variants_side_by_side_are_lossless(demo_kit, tmp_path, capsys, monkeypa
         assert rows[f"self-spec all N={n}"]["drafted"] == {str(n - 1): rows[f"self-spec all N={n}"]["forwards"]}
     text = capsys.readouterr().out
     assert "| self-spec all N=3 |" in text and "auto: " in text and "the best fixed variant" in text
+
+
+def test_variants_filter_keeps_causal_first_and_refuses_unknown_names(demo_kit, tmp_path, monkeypatch):
+    monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path / "cache"))
+    ckpt = tiny_checkpoint(tmp_path / "c", bd_size=4)
+    out = tmp_path / "r.json"
+    argv = [str(ckpt), "--heldout", str(demo_kit / "eval.jsonl"), "--limit", "2", "--max-tokens", "8"]
+    argv += ["--draft-lens", "2", "--json", str(out)]
+    assert self_spec_canvases.main([*argv, "--variants", "self-spec last N=2,self-spec auto"]) == 0
+    rows = [r["variant"] for r in json.loads(out.read_text())["rows"]]
+    assert rows == ["causal", "self-spec auto", "self-spec last N=2"]
+    with pytest.raises(SystemExit, match="unknown"):
+        self_spec_canvases.main([*argv, "--variants", "self-spec last N=9"])

@@ -122,3 +122,28 @@ def test_request_limits_reach_the_native_server(monkeypatch):
     assert made[-1]["max_request_bytes"] == 1000 and made[-1]["allow_client_chat_template"] is True
     out = serve.build_parser().format_help()
     assert "--max-request-bytes" in out and "--allow-client-chat-template" in out
+
+
+def test_native_self_spec_chooses_its_layout_by_default_and_sglang_drafts_fixed(monkeypatch, capsys, tmp_path):
+    """The native engine's default is --draft-len auto --self-spec-canvases auto (docs/design.md 8.19); a
+    fixed value given on the command line stays fixed; SGLang's self-spec drafts the trained block."""
+    import types
+
+    import uvicorn
+
+    from bdcore import loading
+    from benchmark.tiny import tiny_checkpoint
+    from inference import server
+
+    made = []
+    monkeypatch.setattr(loading, "load_checkpoint", lambda *a, **k: types.SimpleNamespace(name="m"))
+    monkeypatch.setattr(server, "create_app", lambda *a, **k: made.append(a[1]) or "app")
+    monkeypatch.setattr(uvicorn, "run", lambda app, **k: None)
+    assert serve.main(["m", "--mode", "self-spec", "--backend", "native"]) == 0
+    assert (made[-1].draft_len, made[-1].self_spec_canvases) == ("auto", "auto")
+    assert serve.main(["m", "--mode", "self-spec", "--draft-len", "4", "--self-spec-canvases", "last"]) == 0
+    assert (made[-1].draft_len, made[-1].self_spec_canvases) == (4, "last")
+    ckpt = tmp_path / "ckpt"
+    tiny_checkpoint(ckpt)
+    assert serve.main([str(ckpt), "--mode", "self-spec", "--backend", "sglang", "--dry-run"]) == 0
+    assert "--dllm-algorithm" in capsys.readouterr().out

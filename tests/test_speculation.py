@@ -57,7 +57,8 @@ def test_acceptance_estimate_by_hand():
     e.observe(3, 1)  # draft 1 accepted, draft 2 rejected, draft 3 never tried
     e.observe(3, 3)  # all three accepted
     assert e.attempted == [2, 2, 1] and e.accepted == [2, 1, 1]
-    assert e.rates(3) == pytest.approx([(2 + 1) / 4, (1 + 0.5) / 4, (1 + 0.5) / 3])
+    # draft 3 is past the prior's end: it shrinks towards draft 2's estimate, not the repeated prior
+    assert e.rates(3) == pytest.approx([(2 + 1) / 4, (1 + 0.5) / 4, (1 + 2 * (1.5 / 4)) / 3])
     e.observe(1, 0)
     assert e.attempted == [3, 2, 1] and e.accepted == [2, 1, 1]
 

@@ -87,11 +87,17 @@ class AcceptanceEstimate:
         return self.prior[min(j, len(self.prior) - 1)] if self.prior else 0.5
 
     def rates(self, n: int) -> list[float]:
+        """Draft j's estimate shrinks towards its own prior value where the prior gives one, and beyond the
+        prior's end towards the estimate of draft j-1. A policy that drafts k tokens never observes draft
+        k+1, so a fixed prior there (0.5 without a draft_quality.json) would keep it from ever drafting
+        longer; given j-1 drafts accepted, draft j is at least about as likely as draft j-1 was, and
+        drafting it once corrects the guess."""
         out = []
         for j in range(n):
             tried = self.attempted[j] if j < len(self.attempted) else 0
             took = self.accepted[j] if j < len(self.accepted) else 0
-            out.append((took + self.strength * self.prior_rate(j)) / (tried + self.strength))
+            prior = self.prior_rate(j) if j == 0 or j < len(self.prior) else out[j - 1]
+            out.append((took + self.strength * prior) / (tried + self.strength))
         return out
 
 
