@@ -203,8 +203,8 @@ def run_native(args, extra: list[str]) -> int:
     import torch
     import uvicorn
 
-    from bdcore.loading import CheckpointError, load_checkpoint
     from bdcore.decode.config import AUTO
+    from bdcore.loading import CheckpointError, load_checkpoint
     from inference.native.engine import DecodeConfig
     from inference.server import create_app
 
