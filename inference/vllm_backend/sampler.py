@@ -64,7 +64,7 @@ def request_params(extra_args: dict | None, max_tokens: int) -> SamplingParams:
     ours = (extra_args or {}).get(EXTRA_ARGS_KEY) or {}
     unknown = sorted(set(ours) - {"temperature", "top_k", "top_p"})
     if unknown:
-        raise ValueError(f"extra_args['{EXTRA_ARGS_KEY}'] has unknown key(s) {unknown}; known: temperature, top_k, top_p")
+        raise ValueError(f"extra_args['{EXTRA_ARGS_KEY}']: unknown key(s) {unknown}; known: temperature, top_k, top_p")
     return SamplingParams(
         temperature=float(ours.get("temperature", 0.0)),
         top_k=int(ours.get("top_k", 0)),
