@@ -34,9 +34,11 @@ def vllm_decode(model, settings, prompt, params, seed: int, *, trace: bool = Fal
         mask = torch.zeros(1, 1, n, n, dtype=torch.bool)
         mask[0, 0, :c, :c] = torch.ones(c, c, dtype=torch.bool).tril()
         mask[0, 0, c:] = triton_visible(step.attention, c, len(step.tokens))
-        logits = model(
-            input_ids=torch.tensor([tokens]), position_ids=torch.arange(n)[None], attention_mask=mask
-        ).logits[0, c:].float()
+        logits = (
+            model(input_ids=torch.tensor([tokens]), position_ids=torch.arange(n)[None], attention_mask=mask)
+            .logits[0, c:]
+            .float()
+        )
         logits[:, settings.mask_id] = float("-inf")
         result = req.take(logits)
         computed = tokens[: result.computed]

@@ -141,5 +141,3 @@ class RequestDecoder:
             last = self.settings.end_of_turn_id if out.stop_token == self.settings.filler_id else out.stop_token
             new = [*new, last]
         return new
-
-
