@@ -44,4 +44,9 @@ def refusal(model_dir: str | Path, mode: str) -> str | None:
     config = model_dir / "config.json"
     if config.is_file() and is_hybrid(json.loads(config.read_text())):
         return NOT_ON_VLLM_HYBRID
+    from inference.vllm_backend.command import ARCHITECTURES
+
+    stock = (json.loads(config.read_text()).get("architectures") or [None])[0] if config.is_file() else None
+    if stock not in ARCHITECTURES:
+        return f"the vLLM plugin extends {sorted(ARCHITECTURES)}; this checkpoint is {stock!r}: use --backend native"
     return None

@@ -26,7 +26,9 @@ from pathlib import Path
 
 VLLM_PYTHON_ENV = "BDSTACK_VLLM_PYTHON"
 VLLM_CLI = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
-ARCHITECTURE = "BdstackForBlockDiffusion"  # registered by plugin.register(); the stock class serves causal
+# The architecture plugin.register() adds for each stock vLLM class it extends (causal mode needs neither).
+ARCHITECTURES = {"Qwen3ForCausalLM": "BdstackQwen3ForBlockDiffusion"}
+ARCHITECTURE = ARCHITECTURES["Qwen3ForCausalLM"]
 PLUGIN_NAME = "bdstack"  # the entry point's name in pyproject.toml (what VLLM_PLUGINS lists)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,7 +79,7 @@ def build_bdstack_command(
     """vLLM with our architecture for diffusion / self-spec; `settings` is a `VllmDecodeSettings`.
     `extra_args` come last, so a caller can override anything before them."""
     width = settings.canvas_length
-    overrides = {"architectures": [ARCHITECTURE], "canvas_length": width}
+    overrides = {"architectures": [architecture_for(model)], "canvas_length": width}
     diffusion = {"canvas_length": width, "max_denoising_steps": settings.denoise_steps}
     cmd = _common(model, python, host, port, api_key, max_num_seqs, served_model_name)
     cmd += ["--hf-overrides", _json(overrides)]
@@ -86,6 +88,17 @@ def build_bdstack_command(
     cmd += ["--generation-config", "vllm", "--attention-backend", "TRITON_ATTN", "--enforce-eager"]
     cmd += ["--no-enable-prefix-caching", "--no-enable-chunked-prefill"]
     return cmd + list(extra_args)
+
+
+def architecture_for(model_dir: str | os.PathLike) -> str:
+    """The plugin architecture serving `model_dir`'s stock one (config.json `architectures[0]`)."""
+    path = Path(model_dir) / "config.json"
+    stock = (json.loads(path.read_text()).get("architectures") or [None])[0] if path.is_file() else None
+    if stock not in ARCHITECTURES:
+        raise VllmCommandError(
+            f"the vLLM plugin extends {sorted(ARCHITECTURES)}; {model_dir} is {stock!r}: use --backend native or sglang"
+        )
+    return ARCHITECTURES[stock]
 
 
 def _json(value) -> str:
