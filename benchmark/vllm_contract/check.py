@@ -65,7 +65,10 @@ def check_command(r: Report, parser, case: dict) -> None:
     args.model = args.model_tag or args.model
     engine = AsyncEngineArgs.from_cli_args(args)
     r.check(engine.model == argv[4] and args.host == "127.0.0.1" and args.port == 31000, f"{name}: model/host/port")
-    r.check(args.api_key == "sk-test" and engine.served_model_name in ("my-model", ["my-model"]), f"{name}: key, name")
+    # vLLM 0.33 keeps --api-key as a list (several keys may be given)
+    r.check(
+        args.api_key == ["sk-test"] and engine.served_model_name in ("my-model", ["my-model"]), f"{name}: key, name"
+    )
     want = 4 if "--gpu-memory-utilization" in argv else 3  # the pass-through comes last and wins
     r.check(engine.max_num_seqs == want, f"{name}: --max-num-seqs {want} (last wins)")
     if case["mode"] == "causal":
