@@ -81,8 +81,8 @@ sglang-contract: venv
 	benchmark/sglang_contract/run.sh
 
 # The vLLM backend against vLLM 0.33.0's own code, on CPU, in its own .venv-vllm-contract (never .venv).
-# Building it takes several minutes (about 3 GB); a run then takes 1 to 6 minutes on 2 shared cores
-# (measured: 5.5 minutes while other jobs ran). Not part of `make test`.
+# Building it takes several minutes (about 3 GB); a run then takes 35 s on 2 shared cores (5.5 minutes
+# measured once under heavy load). Not part of `make test`.
 vllm-contract: venv
 	bash benchmark/vllm_contract/run.sh
 

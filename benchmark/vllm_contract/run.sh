@@ -2,7 +2,7 @@
 # `make vllm-contract`: bdstack's vLLM commands and plugin against vLLM 0.33.0's own code, on CPU.
 # Builds .venv-vllm-contract once (vLLM's wheel --no-deps over torch 2.13.0 CPU: vLLM's torch 2.14 pin is
 # not needed to parse arguments and build configs; ~3 GB installed, several minutes with pip's cache
-# warm), then a run takes 1 to 6 minutes on 2 shared cores (mostly importing vLLM, four times).
+# warm), then a run takes 35 s on 2 shared cores (5.5 minutes once under heavy load; mostly importing vLLM).
 # See inference/vllm_backend/README.md ("Verified where").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
