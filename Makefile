@@ -13,7 +13,7 @@ DEMO_DIR ?= runs/demo
 DEMO_ARCH ?= qwen3
 SMOKE_DIR ?= runs/smollm2
 
-.PHONY: venv test lint demo demo-rl smoke-smollm2 bench sglang-contract clean
+.PHONY: venv test lint demo demo-rl smoke-smollm2 bench sglang-contract vllm-contract clean
 
 venv: $(STAMP)
 
@@ -79,6 +79,12 @@ bench: venv
 # part of `make test`.
 sglang-contract: venv
 	benchmark/sglang_contract/run.sh
+
+# The vLLM backend against vLLM 0.33.0's own code, on CPU, in its own .venv-vllm-contract (never .venv).
+# Building it takes several minutes (about 3 GB); a run then takes 35 s on 2 shared cores (5.5 minutes
+# measured once under heavy load). Not part of `make test`.
+vllm-contract: venv
+	bash benchmark/vllm_contract/run.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -3,11 +3,12 @@
 
     python inference/serve.py CKPT --mode {causal,diffusion,self-spec} [--port 30000]
     python inference/serve.py MODEL --mode llada2-0 --backend sglang --dry-run   # upstream SGLang dLLM families
+    python inference/serve.py CKPT --mode self-spec --backend vllm --dry-run      # vLLM with the bdstack plugin
 
-The model comes from the argument, else $BDSTACK_MODEL. --backend auto picks SGLang when it is
+The model comes from the argument, else $BDSTACK_MODEL. --backend auto picks SGLang, else vLLM, when it is
 installed and a GPU is present, else the native PyTorch engine (CPU or GPU). Our own modes run on the
 native engine; the SGLang families (sdar, llada2-0, llada2-1-speed, llada2-1-quality) run upstream
-SGLang's own dLLM algorithms. Unknown arguments pass through to SGLang.
+SGLang's own dLLM algorithms. Unknown arguments (or all after --) pass through to SGLang / vLLM.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -41,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=NATIVE_MODES + SGLANG_FAMILIES,
         help="decode mode (ours) or an upstream SGLang dLLM family (default: self-spec)",
     )
-    p.add_argument("--backend", default="auto", choices=["auto", "native", "sglang"])
+    p.add_argument("--backend", default="auto", choices=["auto", "native", "sglang", "vllm"])
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument(
@@ -92,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8,
         help="requests decoded together (default 8; 1: one at a time); with --backend sglang it becomes "
-        "--max-running-requests for the dLLM modes and families",
+        "--max-running-requests for the dLLM modes and families, with --backend vllm --max-num-seqs",
     )
     s = p.add_argument_group("SGLang backend")
     s.add_argument(
@@ -100,8 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="interpreter of the SGLang environment (default: $BDSTACK_SGLANG_PYTHON, else python)",
     )
-    s.add_argument("--dry-run", action="store_true", help="print the SGLang command and exit")
-    s.add_argument("--log", default=None, help="tee SGLang's output to this file")
+    s.add_argument("--dry-run", action="store_true", help="print the SGLang (or vLLM) command and exit")
+    s.add_argument("--log", default=None, help="tee SGLang's (or vLLM's) output to this file")
+    v = p.add_argument_group("vLLM backend")
+    v.add_argument(
+        "--vllm-python",
+        default=None,
+        help="interpreter of the vLLM environment (default: $BDSTACK_VLLM_PYTHON, else python)",
+    )
     return p
 
 
@@ -114,11 +122,14 @@ def _draft_len(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer >= 2 or auto, got {text!r}") from None
 
 
-def pick_backend(backend: str, mode: str, sglang_python: str | None = None) -> str:
-    """SGLang families always run in SGLang. Our modes: native unless asked, or unless `auto` finds an
-    SGLang environment (--sglang-python / $BDSTACK_SGLANG_PYTHON, or sglang importable here) and a GPU."""
+def pick_backend(
+    backend: str, mode: str, sglang_python: str | None = None, vllm_python: str | None = None, model=None
+) -> str:
+    """SGLang families always run in SGLang. Our modes: native unless asked, or unless `auto` finds a GPU
+    and an SGLang environment (--sglang-python / $BDSTACK_SGLANG_PYTHON, or sglang importable here), else a
+    vLLM one (--vllm-python / $BDSTACK_VLLM_PYTHON, or vllm importable here) that can serve `model` in `mode`."""
     if mode in SGLANG_FAMILIES:
-        if backend == "native":
+        if backend not in ("auto", "sglang"):
             raise SystemExit(f"serve.py: error: --mode {mode} is served by upstream SGLang; use --backend sglang")
         return "sglang"
     if backend != "auto":
@@ -126,9 +137,46 @@ def pick_backend(backend: str, mode: str, sglang_python: str | None = None) -> s
     import torch
 
     from inference.sglang_backend.command import SGLANG_PYTHON_ENV
+    from inference.vllm_backend.command import VLLM_PYTHON_ENV
 
-    has_sglang = sglang_python or os.environ.get(SGLANG_PYTHON_ENV) or importlib.util.find_spec("sglang")
-    return "sglang" if has_sglang and torch.cuda.is_available() else "native"
+    if not torch.cuda.is_available():
+        return "native"
+    if sglang_python or os.environ.get(SGLANG_PYTHON_ENV) or importlib.util.find_spec("sglang"):
+        return "sglang"
+    if vllm_python or os.environ.get(VLLM_PYTHON_ENV) or importlib.util.find_spec("vllm"):
+        from inference.vllm_backend.checkpoint import refusal
+
+        if mode == "causal" or (model and refusal(model, mode) is None):
+            return "vllm"
+    return "native"
+
+
+def vllm_command(args, extra: list[str]) -> list[str]:
+    from inference.vllm_backend import command as vc
+
+    where = dict(python=vc.resolve_vllm_python(args.vllm_python), host=args.host, port=args.port)
+    where |= dict(api_key=args.api_key, max_num_seqs=args.max_batch, served_model_name=args.served_model_name)
+    if args.mode == "causal":
+        return vc.build_causal_command(args.model, extra_args=extra, **where)
+    if args.self_spec_canvases != "last":
+        raise vc.VllmCommandError(
+            f"--self-spec-canvases {args.self_spec_canvases} is a native-engine decode (its canvases share positions, "
+            "which vLLM's KV cache and bidirectional ranges cannot hold); use --backend native"
+        )
+    if args.draft_len == "auto":
+        raise vc.VllmCommandError(
+            "--draft-len auto is a native-engine decode (the vLLM plugin drafts a fixed length); give an integer, "
+            "or use --backend native"
+        )
+    settings = vc.bdstack_settings(
+        args.model,
+        args.mode,
+        block_size=args.block_size,
+        threshold=args.threshold,
+        steps=args.steps,
+        draft_len=args.draft_len,
+    )
+    return vc.build_bdstack_command(args.model, settings, extra_args=extra, **where)
 
 
 def sglang_command(args, extra: list[str]) -> list[str]:
@@ -170,15 +218,22 @@ def sglang_command(args, extra: list[str]) -> list[str]:
     return sl.build_bdstack_command(args.model, settings, path, extra_args=extra, **where)
 
 
-def run_sglang(args, extra: list[str]) -> int:
-    from inference.sglang_backend.command import child_environment
+def run_child(args, extra: list[str], backend: str) -> int:
+    """Build SGLang's or vLLM's command; print it (--dry-run) or run it in its own interpreter."""
+    if backend == "vllm":
+        from inference.vllm_backend.command import child_environment
 
+        build = vllm_command
+    else:
+        from inference.sglang_backend.command import child_environment
+
+        build = sglang_command
     try:
-        cmd = sglang_command(args, extra)
+        cmd = build(args, extra)
     except ValueError as e:
         raise SystemExit(f"serve.py: error: {e}") from e
     if args.dry_run:
-        print(" ".join(cmd))
+        print(shlex.join(cmd))  # copy-pasteable: the vLLM flags carry JSON
         return 0
     log = open(args.log, "a") if args.log else None  # noqa: SIM115 (closed below)
     pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT) if log else {}
@@ -246,12 +301,12 @@ def run_native(args, extra: list[str]) -> int:
 
 def main(argv=None) -> int:
     args, extra = build_parser().parse_known_args(argv)
-    if extra[:1] == ["--"]:  # `serve.py MODEL -- --tp 2`: everything after -- is for SGLang
+    if extra[:1] == ["--"]:  # `serve.py MODEL -- --tp 2`: everything after -- is for SGLang / vLLM
         extra = extra[1:]
     if not args.model:
         raise SystemExit("serve.py: error: give a checkpoint directory (or set BDSTACK_MODEL)")
-    backend = pick_backend(args.backend, args.mode, args.sglang_python)
-    return run_sglang(args, extra) if backend == "sglang" else run_native(args, extra)
+    backend = pick_backend(args.backend, args.mode, args.sglang_python, args.vllm_python, args.model)
+    return run_native(args, extra) if backend == "native" else run_child(args, extra, backend)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,79 @@
+"""bdstack's decode settings inside vLLM: one definition, two readers.
+
+`serve.py --backend vllm` (our environment) writes them into vLLM's `--additional-config` as
+`{"bdstack": {...}}`; the plugin (vLLM's environment, other pins) reads them back from
+`vllm_config.additional_config`. Defaults and limits come from `bdcore.decode.config`, the native
+engine's own definitions. Stdlib + bdcore.decode.config only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from bdcore.decode.config import denoise_budget
+
+MODES = ("diffusion", "self-spec")
+ADDITIONAL_CONFIG_KEY = "bdstack"
+
+
+@dataclass(frozen=True)
+class VllmDecodeSettings:
+    """What the plugin reads. `size` is the canvas: the diffusion block B, or self-spec's N."""
+
+    mode: str
+    size: int
+    mask_id: int
+    end_of_turn_id: int
+    filler_id: int
+    other_stop_ids: list[int] = field(default_factory=list)
+    within_block_causal: bool = False  # the checkpoint's canvas attention (sidecar)
+    threshold: float = 0.9  # diffusion commit confidence
+    steps: int | None = None  # diffusion denoise forwards per block (None: size - 1)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("size", "mask_id", "end_of_turn_id", "filler_id"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        if self.size < 2:
+            raise ValueError(f"size must be >= 2, got {self.size}")
+        steps = self.steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ValueError(f"steps must be an integer >= 1 (default: size - 1), got {self.steps!r}")
+        if len({self.mask_id, self.end_of_turn_id, self.filler_id}) != 3:
+            raise ValueError("mask_id, end_of_turn_id and filler_id must be three different tokens")
+        if self.mask_id in self.other_stop_ids:
+            raise ValueError("other_stop_ids must not contain the mask token")
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        return frozenset({self.end_of_turn_id, self.filler_id, *self.other_stop_ids})
+
+    @property
+    def denoise_steps(self) -> int:
+        return denoise_budget(self.size, self.steps)
+
+    @property
+    def canvas_length(self) -> int:
+        """Tokens a step schedules after its first one (vLLM's `canvas_length`, its speculative width):
+        self-spec verifies N - 1 drafts and drafts N - 1 more ([pending, drafts, masks]); a diffusion
+        denoise forward is [seed, MASK x (B - 1)]."""
+        return 2 * (self.size - 1) if self.mode == "self-spec" else self.size - 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_additional_config(cls, additional_config) -> VllmDecodeSettings:
+        data = (additional_config or {}).get(ADDITIONAL_CONFIG_KEY) if isinstance(additional_config, dict) else None
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"vLLM's --additional-config has no {ADDITIONAL_CONFIG_KEY!r} mapping: serve bdstack checkpoints in "
+                "diffusion/self-spec mode through `serve.py --backend vllm`, which writes it"
+            )
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown key(s) {unknown} in --additional-config's {ADDITIONAL_CONFIG_KEY!r}")
+        return cls(**data)

@@ -1,0 +1,121 @@
+"""serve.py --backend vllm: the command it builds for each mode, and what it refuses (no vLLM needed)."""
+
+import json
+import shlex
+
+import pytest
+
+from inference import serve
+from inference.vllm_backend import command as vc
+from inference.vllm_backend.settings import VllmDecodeSettings
+from tests.tiny import tiny_checkpoint
+
+VLLM_PY = "/opt/vllm/bin/python"
+
+
+def dry_run(capsys, argv, tail=()):
+    assert serve.main([*argv, "--backend", "vllm", "--dry-run", "--vllm-python", VLLM_PY, *tail]) == 0
+    return shlex.split(capsys.readouterr().out)
+
+
+def flag(cmd, name):
+    return cmd[len(cmd) - 1 - cmd[::-1].index(name) + 1]
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("dense"), bd_size=4)
+
+
+def test_causal_is_stock_vllm_with_pass_through(capsys, tmp_path):
+    argv = ["some/model", "--mode", "causal", "--port", "31000", "--max-batch", "3", "--api-key", "k"]
+    cmd = dry_run(capsys, [*argv, "--served-model-name", "m"], ["--", "--tensor-parallel-size", "2"])
+    assert cmd[:5] == [VLLM_PY, "-m", vc.VLLM_CLI, "serve", "some/model"]
+    assert flag(cmd, "--port") == "31000" and flag(cmd, "--host") == "127.0.0.1"
+    assert flag(cmd, "--max-num-seqs") == "3" and flag(cmd, "--api-key") == "k"
+    assert flag(cmd, "--served-model-name") == "m"
+    assert cmd[-2:] == ["--tensor-parallel-size", "2"] and "--" not in cmd
+    assert "--hf-overrides" not in cmd  # causal: no plugin code in the path
+
+
+def test_self_spec_and_diffusion_carry_the_plugin_settings(capsys, dense):
+    cmd = dry_run(capsys, [str(dense), "--mode", "self-spec", "--draft-len", "3"])
+    overrides = json.loads(flag(cmd, "--hf-overrides"))
+    assert overrides == {"architectures": [vc.ARCHITECTURE], "canvas_length": 4}  # 2 drafts + 2 masks
+    assert json.loads(flag(cmd, "--diffusion-config"))["canvas_length"] == 4
+    settings = VllmDecodeSettings.from_additional_config(json.loads(flag(cmd, "--additional-config")))
+    assert settings.mode == "self-spec" and settings.size == 3 and settings.mask_id >= 0
+    assert flag(cmd, "--generation-config") == "vllm" and flag(cmd, "--attention-backend") == "TRITON_ATTN"
+    assert "--enforce-eager" in cmd and flag(cmd, "--max-num-seqs") == "8"
+    cmd = dry_run(capsys, [str(dense), "--mode", "diffusion", "--threshold", "0.7", "--steps", "2"])
+    settings = VllmDecodeSettings.from_additional_config(json.loads(flag(cmd, "--additional-config")))
+    assert (settings.mode, settings.size, settings.threshold, settings.steps) == ("diffusion", 4, 0.7, 2)
+    assert json.loads(flag(cmd, "--diffusion-config")) == {"canvas_length": 3, "max_denoising_steps": 2}
+    cmd = dry_run(capsys, [str(dense), "--mode", "diffusion"], ["--", "--max-num-seqs", "2"])
+    assert flag(cmd, "--max-num-seqs") == "2"  # the pass-through comes last: it wins
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "flags", "message"),
+    [
+        ({}, ["--draft-len", "auto"], "--draft-len auto"),
+        ({}, ["--self-spec-canvases", "all"], "share positions"),
+        ({}, ["--draft-len", "5"], "exceeds the trained block size"),
+        ({"shift": False}, [], "unshifted"),
+        ({"clean_causal": False}, [], "clean_causal"),
+        ({"arch": "qwen3_5"}, [], "hybrid"),
+    ],
+)
+def test_refusals_name_the_reason(tmp_path, capsys, kwargs, flags, message):
+    model = tiny_checkpoint(tmp_path / "m", bd_size=4, **kwargs)
+    with pytest.raises(SystemExit, match=message):
+        dry_run(capsys, [str(model), "--mode", "self-spec", *flags])
+
+
+def test_refuses_a_draft_adapter_and_a_directory_without_sidecar(tmp_path, capsys, dense):
+    with pytest.raises(SystemExit, match="block_diffusion.json"):
+        dry_run(capsys, [str(tmp_path), "--mode", "diffusion"])
+    sidecar = json.loads((dense / "block_diffusion.json").read_text())
+    adapted = tmp_path / "adapted"
+    adapted.mkdir()
+    for f in dense.iterdir():
+        (adapted / f.name).write_bytes(f.read_bytes())
+    (adapted / "block_diffusion.json").write_text(json.dumps(sidecar | {"draft_adapter": "draft"}))
+    with pytest.raises(SystemExit, match="draft-only adapter"):
+        dry_run(capsys, [str(adapted), "--mode", "diffusion"])
+
+
+def test_auto_considers_vllm(monkeypatch, dense, tmp_path):
+    import torch
+
+    monkeypatch.delenv("BDSTACK_SGLANG_PYTHON", raising=False)
+    monkeypatch.delenv(vc.VLLM_PYTHON_ENV, raising=False)
+    assert serve.pick_backend("auto", "self-spec", None, VLLM_PY, str(dense)) == "native"  # no GPU here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert serve.pick_backend("auto", "self-spec", None, VLLM_PY, str(dense)) == "vllm"
+    monkeypatch.setenv(vc.VLLM_PYTHON_ENV, VLLM_PY)
+    assert serve.pick_backend("auto", "causal", None, None, "org/model") == "vllm"
+    unshifted = tiny_checkpoint(tmp_path / "u", shift=False)
+    assert serve.pick_backend("auto", "diffusion", None, None, str(unshifted)) == "native"  # vLLM cannot
+    assert serve.pick_backend("auto", "diffusion", "/opt/sg/bin/python", None, str(dense)) == "sglang"
+    with pytest.raises(SystemExit, match="--backend sglang"):
+        serve.pick_backend("vllm", "sdar")
+
+
+def test_vllm_python_and_child_environment(monkeypatch):
+    monkeypatch.setenv(vc.VLLM_PYTHON_ENV, "/env/python")
+    assert vc.resolve_vllm_python(None) == "/env/python" and vc.resolve_vllm_python("/cli") == "/cli"
+    env = vc.child_environment({"PYTHONPATH": "/x", "VLLM_PLUGINS": "other"})
+    assert env["PYTHONPATH"].split(":") == [str(vc.REPO_ROOT), "/x"]
+    assert env["VLLM_PLUGINS"] == "other,bdstack"
+    assert "VLLM_PLUGINS" not in vc.child_environment({})  # unset: vLLM loads every plugin
+
+
+def test_settings_round_trip_and_validation():
+    s = VllmDecodeSettings("diffusion", 4, mask_id=9, end_of_turn_id=1, filler_id=2, steps=None)
+    assert VllmDecodeSettings.from_additional_config({"bdstack": s.to_dict()}) == s
+    assert s.denoise_steps == 3 and s.canvas_length == 3 and s.stop_ids == {1, 2}
+    with pytest.raises(ValueError, match="additional-config"):
+        VllmDecodeSettings.from_additional_config({})
+    with pytest.raises(ValueError, match="three different"):
+        VllmDecodeSettings("self-spec", 4, mask_id=1, end_of_turn_id=1, filler_id=2)
