@@ -5,9 +5,13 @@ bdstack/_src/ so site-packages gains no generic top-level names (see bdstack/__i
 list is computed here because setuptools' static config cannot map a found tree onto another prefix.
 """
 
+import sys
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
-from bdstack import APPS  # noqa: E402  (setup.py runs from the checkout root)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # pip's isolated build does not put the checkout there
+from bdstack import APPS  # noqa: E402
 
 apps = find_packages(include=[f"{app}*" for app in APPS] + list(APPS))
 setup(
