@@ -75,3 +75,18 @@ def test_a_checkout_is_its_own_source_root():
     import bdstack
 
     assert bdstack.source_root() == REPO
+
+
+@pytest.mark.parametrize("script", ["serve.py", "eval.py"])
+def test_a_checkout_script_imports_its_own_packages(script, tmp_path):
+    """`python inference/serve.py` needs no install: the script puts its checkout's root on the path first."""
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = [{script!r}, '--help']\n"
+        f"try:\n    runpy.run_path({str(REPO / 'inference' / script)!r}, run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print(sys.modules['inference'].__file__)"
+    )
+    out = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Path(out.stdout.splitlines()[-1]) == REPO / "inference" / "__init__.py"
