@@ -1,4 +1,5 @@
-"""train.py run as a program: help without torch documents every flag, start-up errors are one clear line.
+"""train.py's start-up: help without torch documents every flag; a bad model, dataset or runtime-only flag is one
+clear line (once from the real process, the rest through main() in this process: same code, no new interpreter).
 Argument parsing itself is unit-tested in tests/test_train_flags.py."""
 
 import json
@@ -9,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, train_py_error
 from tests.train_args import train_args
 
-pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
+# The runs of train.py as a program are e2e; the start-up errors run its main() in this process (not e2e).
+e2e = pytest.mark.e2e
 
 FLAGS = (
     "--model_id --dataset --bd_size --ar_loss_weight --ar_only --within_block_causal --loss_weighting --views "
@@ -25,6 +27,7 @@ FLAGS = (
 ).split()
 
 
+@e2e
 def test_help_documents_every_flag_without_importing_torch():
     code = (
         "import sys; sys.argv = ['train.py', '--help']\n"
@@ -39,39 +42,42 @@ def test_help_documents_every_flag_without_importing_torch():
         assert flag in out, flag
 
 
-def test_runtime_flag_errors_before_training(demo_kit, tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "train.py", *train_args(demo_kit, tmp_path / "r", activation_offload=True)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode != 0 and "--activation_offload" in proc.stderr
-
-
-def _train_error(demo_kit, tmp_path, *, model_id=None, dataset=None, env=None) -> tuple[str, Path]:
-    """Run train.py expecting a start-up error; return (the one error line, the run directory)."""
-    run = tmp_path / "r"
-    overrides = {name: value for name, value in (("model_id", model_id), ("dataset", dataset)) if value is not None}
-    args = train_args(demo_kit, run, max_length=64, **overrides)
-    env = {**os.environ, **(env or {})}
+@e2e
+def test_an_unknown_hub_id_is_one_line_from_the_program(demo_kit, tmp_path):
+    """The real process: exit status, one error line, no traceback (the other start-up errors run main() in
+    this process; this one needs HF_HUB_OFFLINE set before huggingface_hub is imported)."""
+    args = train_args(demo_kit, tmp_path / "r", model_id="nobody-here/no-such-model", max_length=64)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=120, env=env
     )
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
-    assert len(errors) == 1, proc.stderr[-3000:]
+    assert len(errors) == 1 and errors[0].startswith("train.py: error: --model_id"), proc.stderr[-3000:]
+    assert "hub id" in errors[0] or "save_pretrained" in errors[0], errors
+
+
+def test_runtime_flag_errors_before_training(demo_kit, tmp_path, capfd):
+    lines = train_py_error(train_args(demo_kit, tmp_path / "r", activation_offload=True), capfd)
+    assert "--activation_offload" in lines[-1]
+
+
+def _train_error(demo_kit, tmp_path, capfd, *, model_id=None, dataset=None) -> tuple[str, Path]:
+    """train.py's main() expecting a start-up error; return (the one error line, the run directory)."""
+    run = tmp_path / "r"
+    overrides = {name: value for name, value in (("model_id", model_id), ("dataset", dataset)) if value is not None}
+    lines = train_py_error(train_args(demo_kit, run, max_length=64, **overrides), capfd)
+    assert not any("Traceback" in line for line in lines), lines
+    errors = [line for line in lines if "error" in line.lower()]
+    assert len(errors) == 1, lines
     assert errors[0].startswith("train.py: error: "), errors
     return errors[0], run
 
 
-def test_no_usable_sample_is_one_line_and_writes_data_stats(demo_kit, tmp_path):
-    # one run checks the message (which skip reasons) and the data_stats.json the trainer leaves behind
+def test_no_usable_sample_is_one_line_and_writes_data_stats(demo_kit, tmp_path, capfd):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": []}\nnot json\n')
-    line, run = _train_error(demo_kit, tmp_path, dataset=str(bad))
+    line, run = _train_error(demo_kit, tmp_path, capfd, dataset=str(bad))
     assert "--dataset" in line and "no usable samples" in line and "malformed_json" in line
     stats = json.loads((run / "data_stats.json").read_text())
     assert (stats["records"], stats["kept"], stats["rows"]) == (2, 0, 0)
@@ -79,24 +85,23 @@ def test_no_usable_sample_is_one_line_and_writes_data_stats(demo_kit, tmp_path):
 
 
 @pytest.mark.parametrize("where", ["missing_file", "directory_without_jsonl"])
-def test_missing_dataset_is_one_line_and_writes_data_stats(demo_kit, tmp_path, where):
+def test_missing_dataset_is_one_line_and_writes_data_stats(demo_kit, tmp_path, capfd, where):
     if where == "missing_file":
         data, hint = tmp_path / "nope.jsonl", "no such file"
     else:
         data, hint = tmp_path / "empty", "no .jsonl"
         data.mkdir()
-    line, run = _train_error(demo_kit, tmp_path, dataset=str(data))
+    line, run = _train_error(demo_kit, tmp_path, capfd, dataset=str(data))
     assert "--dataset" in line and hint in line
     assert json.loads((run / "data_stats.json").read_text())["records"] == 0
 
 
-@pytest.mark.parametrize("where", ["nonexistent_dir", "empty_dir", "empty_string", "unknown_hub_id"])
-def test_bad_model_id_is_one_line(demo_kit, tmp_path, where):
+@pytest.mark.parametrize("where", ["nonexistent_dir", "empty_dir", "empty_string"])
+def test_bad_model_id_is_one_line(demo_kit, tmp_path, capfd, where):
     model = {
         "nonexistent_dir": str(tmp_path / "no_model"),
         "empty_dir": str(tmp_path),
         "empty_string": "",
-        "unknown_hub_id": "nobody-here/no-such-model",
     }[where]
-    line, _ = _train_error(demo_kit, tmp_path, model_id=model, env={"HF_HUB_OFFLINE": "1"})
+    line, _ = _train_error(demo_kit, tmp_path, capfd, model_id=model)
     assert "--model_id" in line and ("hub id" in line or "save_pretrained" in line), line
