@@ -1,6 +1,7 @@
 # bdstack: `make demo` runs the main job on an embedded default, `make test` runs lint + tests.
 # Both create .venv and install into it (torch pinned to 2.13.0, installed first so no other package
-# pulls a CUDA build), then bdstack itself, editable (its packages and the bdstack-* commands).
+# pulls a CUDA build), then bdstack itself, editable (bdcore, bdstack and the bdstack-* commands; the
+# program folders train/, inference/, data/, benchmark/ run from the checkout, see README "Install").
 
 PYTHON ?= python3
 VENV ?= .venv

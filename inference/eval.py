@@ -21,7 +21,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from inference.eval_tasks import TASKS, Problem, load_problems
+if __package__ in (None, ""):  # `python inference/X.py` from a checkout: the packages live in its root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from inference.eval_tasks import TASKS, Problem, load_problems  # noqa: E402
 
 
 def ask(client, model, problem: Problem, args) -> dict:

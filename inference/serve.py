@@ -23,8 +23,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bdcore.decode.config import MODES as NATIVE_MODES
-from inference.sglang_backend.command import FAMILIES as SGLANG_FAMILIES
+if __package__ in (None, ""):  # `python inference/X.py` from a checkout: the packages live in its root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bdcore.decode.config import MODES as NATIVE_MODES  # noqa: E402
+from inference.sglang_backend.command import FAMILIES as SGLANG_FAMILIES  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,6 +77,31 @@ def in_process_trainer(args: list[str]):
         os.environ.update(env)
 
 
+def train_py_error(args: list[str], capfd) -> list[str]:
+    """train.py's main() in this process, on argv that must stop with its one-line error; returns the lines
+    of stderr as `python train.py` would print them (the process's own output, then sys.exit's message).
+
+    What it saves is a fresh interpreter and its torch import (about 4 CPU seconds a run); a success would
+    end in main()'s os._exit, so only failing argv belong here. Process group and environment are restored.
+    """
+    import torch.distributed as dist
+
+    from train.main import main
+
+    env = dict(os.environ)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            main(args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(env)
+    assert stopped.value.code not in (None, 0), "train.py did not fail"
+    err = capfd.readouterr().err
+    return (err + f"{stopped.value.code}\n").splitlines()
+
+
 def read_metrics(run: Path) -> dict[int, dict]:
     """metrics.jsonl of a run directory, keyed by step."""
     return {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}

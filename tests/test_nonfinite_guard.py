@@ -4,13 +4,11 @@ row stop the run with one line, a save of non-finite weights is refused with not
 that returns NaN, text or raises stops `train.py` with a line that names `--rl_reward`."""
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.conftest import REPO, in_process_trainer, read_metrics
+from tests.conftest import in_process_trainer, read_metrics, train_py_error
 from tests.train_args import train_args
 from train.checkpoint import LATEST
 from train.config import FlagError
@@ -85,12 +83,6 @@ def test_a_checkpoint_with_nonfinite_weights_is_never_written(demo_kit, tmp_path
         assert (run / LATEST).read_text().strip() == "step_1"
 
 
-def _train_py(args, timeout=300):
-    return subprocess.run(
-        [sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
-    )
-
-
 @pytest.mark.parametrize(
     "reward, says",
     [
@@ -99,12 +91,11 @@ def _train_py(args, timeout=300):
         ("raising_reward", "raised KeyError"),
     ],
 )
-def test_a_bad_reward_stops_train_py_with_one_line_and_no_checkpoint(demo_kit, tmp_path, reward, says):
+def test_a_bad_reward_stops_train_py_with_one_line_and_no_checkpoint(demo_kit, tmp_path, capfd, reward, says):
     run = tmp_path / reward
     rl = dict(rl_diffusion_rollout=True, rl_group_size=2, rl_prompts_per_step=1, rl_max_new_tokens=4)
-    proc = _train_py(train_args(demo_kit, run, max_steps=1, rl_reward=f"tests.rl_task:{reward}", **rl))
-    assert proc.returncode != 0
-    last = proc.stderr.strip().splitlines()[-1]
+    lines = train_py_error(train_args(demo_kit, run, max_steps=1, rl_reward=f"tests.rl_task:{reward}", **rl), capfd)
+    last = lines[-1]
     assert last.startswith("train.py: error: --rl_reward: the reward tests.rl_task:") and says in last, last
-    assert "Traceback" not in proc.stderr
+    assert not any("Traceback" in line for line in lines), lines
     assert not (run / "final").exists()

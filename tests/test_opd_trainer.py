@@ -2,9 +2,6 @@
 serving engine on the same weights; runs report the OPD metrics; ranks with rollouts of different
 lengths stay in lockstep; a resumed run continues the uninterrupted one exactly."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -12,7 +9,7 @@ from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
 from bdcore.loading import load_checkpoint
 from inference.native.engine import Engine
-from tests.conftest import REPO, in_process_trainer, read_metrics, run_train
+from tests.conftest import REPO, in_process_trainer, read_metrics, run_train, train_py_error
 from tests.train_args import train_args
 from train.rollout import student_rollouts
 
@@ -78,7 +75,7 @@ def test_opd_resume_continues_the_same_run(demo_kit, tmp_path):
 
 
 @pytest.mark.parametrize("differs", ["width", "tokenizer"])
-def test_a_teacher_of_another_vocabulary_is_refused_at_load(demo_kit, tmp_path, differs):
+def test_a_teacher_of_another_vocabulary_is_refused_at_load(demo_kit, tmp_path, capfd, differs):
     """A teacher that scores other ids than the student's tokenizer is refused before any step, by name."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -92,9 +89,9 @@ def test_a_teacher_of_another_vocabulary_is_refused_at_load(demo_kit, tmp_path, 
     tok.save_pretrained(tmp_path / "teacher")
     run = tmp_path / "run"
     args = train_args(demo_kit, run, max_steps=1, opd_teacher=tmp_path / "teacher", **OPD)
-    proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
+    lines = train_py_error(args, capfd)
+    assert not any("Traceback" in line for line in lines), lines
+    last = lines[-1]
     assert last.startswith("train.py: error: --opd_teacher: ") and str(tmp_path / "teacher") in last, last
     assert ("more than the student's" if differs == "width" else "'<|extra|>'") in last, last
     assert not list(run.glob("step_*")) and not (run / "final").exists()

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from inference.eval_tasks import TASKS, Problem
-from tests.conftest import REPO
+from tests.conftest import REPO, train_py_error
 from tests.train_args import train_args
 from train.rewards import checked_reward, load_reward, unreadable_references
 
@@ -49,14 +49,18 @@ def test_evaluation_reports_an_unreadable_reference_as_invalid():
     assert TASKS["chat"].score(Problem("", [], " 7\n"), "7")["correct"]
 
 
-def _rl_gsm8k(kit, run, dataset):
+def _rl_gsm8k_args(kit, run, dataset):
     rl = dict(rl_diffusion_rollout=True, rl_reward="gsm8k", rl_group_size=2, rl_prompts_per_step=1)
-    args = train_args(kit, run, max_steps=1, dataset=dataset, rl_max_new_tokens=4, **rl)
+    return train_args(kit, run, max_steps=1, dataset=dataset, rl_max_new_tokens=4, **rl)
+
+
+def _rl_gsm8k(kit, run, dataset):
+    args = _rl_gsm8k_args(kit, run, dataset)
     return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.e2e
-def test_rl_counts_the_references_it_cannot_score_and_refuses_data_with_none(demo_kit, tmp_path):
+def test_rl_counts_the_references_it_cannot_score_and_refuses_data_with_none(demo_kit, tmp_path, capfd):
     lines = (demo_kit / "train.jsonl").read_text().splitlines()
     unreadable = sum(json.loads(x)["task"] != "add" for x in lines)  # sorted digits and words hold no one number
     proc = _rl_gsm8k(demo_kit, tmp_path / "mixed", demo_kit / "train.jsonl")
@@ -64,6 +68,6 @@ def test_rl_counts_the_references_it_cannot_score_and_refuses_data_with_none(dem
     assert f"--rl_reward gsm8k cannot score {unreadable} of {len(lines)} references" in proc.stdout + proc.stderr
     words = tmp_path / "words.jsonl"
     words.write_text("".join(x + "\n" for x in lines if json.loads(x)["task"] in ("rev", "copy")))
-    proc = _rl_gsm8k(demo_kit, tmp_path / "words", words)
-    assert proc.returncode != 0 and not (tmp_path / "words" / "final").exists()
-    assert proc.stderr.strip().splitlines()[-1].startswith("train.py: error: --rl_reward: gsm8k can score none of")
+    last = train_py_error(_rl_gsm8k_args(demo_kit, tmp_path / "words", words), capfd)[-1]
+    assert not (tmp_path / "words" / "final").exists()
+    assert last.startswith("train.py: error: --rl_reward: gsm8k can score none of"), last

@@ -1,0 +1,79 @@
+"""train.py's argument parsing and its config sections: bad values name the flag, derived defaults, every
+flag placed in one section. Unit tests (no program run); tests/test_cli.py runs train.py itself."""
+
+from pathlib import Path
+
+import pytest
+
+from train.cli import parse_args
+from train.config import BlockDiffusionConfig, FlagError, JobConfig
+
+BASE = ["--model_id", "m", "--dataset", "d.jsonl", "--save_dir", "out"]
+EVAL_FILE = Path(__file__).parent / "fixtures" / "gsm8k.jsonl"
+
+
+@pytest.mark.parametrize(
+    "extra, flag",
+    [
+        (["--bd_size", "1"], "--bd_size"),
+        (["--ar_loss_weight", "-1"], "--ar_loss_weight"),
+        (["--views", "0"], "--views"),
+        (["--ar_only", "--within_block_causal"], "--within_block_causal"),
+        (["--max_length", "16", "--bd_size", "32"], "--max_length"),
+        (["--lr", "0"], "--lr"),
+        (["--warmup", "50", "--max_steps", "10"], "--warmup"),
+        (["--lr_min_ratio", "2"], "--lr_min_ratio"),
+        (["--grad_clip", "-1"], "--grad_clip"),
+        (["--length_buckets", "1k,2k"], "--length_buckets"),
+        (["--resume", "/definitely/not/here"], "--resume"),
+        (["--micro_batch_size", "0"], "--micro_batch_size"),
+        (["--draft_adapter"], "--draft_adapter"),
+        (["--lora_rank", "-1"], "--lora_rank"),
+        (["--lora_alpha", "8"], "--lora_alpha"),
+        (["--lora_rank", "4", "--ar_only"], "--lora_rank"),
+        (["--lora_rank", "4", "--draft_adapter", "--ar_loss_weight", "0.5"], "--ar_loss_weight"),
+        (["--lora_rank", "4", "--draft_adapter", "--within_block_causal"], "--within_block_causal"),
+        (["--max_nonfinite_steps", "0"], "--max_nonfinite_steps"),
+        (["--eval_every", "5"], "--eval_every"),
+        (["--eval_data", "/no/such.jsonl"], "--eval_data"),
+        (["--eval_data", str(EVAL_FILE), "--ar_loss_weight", "0"], "--eval_data"),  # no causal AR head to verify
+        # a block-causal clean stream (--ar_loss_weight 0) sees what its AR rows would predict
+        (["--opd_on_policy", "--ar_loss_weight", "0", "--opd_ar_weight", "0.5"], "--opd_ar_weight"),
+    ],
+)
+def test_bad_values_name_the_flag(extra, flag):
+    with pytest.raises(FlagError, match=flag):
+        parse_args(BASE + extra)
+
+
+def test_derived_values():
+    a = parse_args(BASE + ["--ar_only"])
+    assert (a.views, a.ar_loss_weight) == (0, 1.0)
+    b = parse_args(BASE + ["--length_buckets", "2048,512", "--max_length", "4096"])
+    assert b.length_buckets == [512, 2048, 4096]
+    assert parse_args(BASE).ar_loss_weight == 0.2
+    lora = parse_args(BASE + ["--lora_rank", "8"])
+    assert (lora.lora_alpha, lora.ar_loss_weight) == (16.0, 0.2)
+    draft = JobConfig.from_args(parse_args(BASE + ["--lora_rank", "8", "--draft_adapter"]))
+    assert draft.diffusion.ar_loss_weight == 0.0 and draft.diffusion.clean_causal  # the base's causal stream
+    assert draft.lora.spec().draft_only and draft.resume_flags()["draft_adapter"]
+    opd = ["--opd_on_policy"]
+    assert parse_args(BASE + opd).opd_ar_weight == 1.0
+    assert parse_args(BASE + opd + ["--ar_loss_weight", "0"]).opd_ar_weight == 0.0  # no KL on a leak
+    assert parse_args(BASE + opd + ["--lora_rank", "8", "--draft_adapter"]).opd_ar_weight == 1.0  # causal base
+    # The peak lr by recipe (measured, docs/results.md): full fine-tuning 1e-5, a draft adapter 3e-3
+    assert parse_args(BASE).lr == 1e-5 and parse_args(BASE + ["--lora_rank", "8"]).lr == 1e-5
+    assert parse_args(BASE + ["--lora_rank", "8", "--draft_adapter"]).lr == 3e-3
+    assert parse_args(BASE + ["--lora_rank", "8", "--draft_adapter", "--lr", "1e-4"]).lr == 1e-4
+
+
+def test_job_config_places_every_flag_in_one_section():
+    args = parse_args(BASE + ["--bd_size", "8", "--pack", "--length_buckets", "512", "--lr", "2e-3", "--tensorboard"])
+    config = JobConfig.from_args(args)
+    assert config.flags() == vars(args)
+    assert config.diffusion == BlockDiffusionConfig(bd_size=8, views=2, ar_loss_weight=0.2)
+    assert (config.data.pack, config.data.length_buckets) == (True, (512, 4096))
+    assert (config.optim.lr, config.training.max_steps, config.logging.tensorboard) == (2e-3, 1000, True)
+    assert config.resume_flags()["bd_size"] == 8
+    ar = JobConfig.from_args(parse_args(BASE + ["--ar_only"]))
+    assert ar.diffusion.ar_only and ar.flags()["ar_only"] and ar.flags()["views"] == 0
