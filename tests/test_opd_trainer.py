@@ -9,7 +9,7 @@ from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
 from bdcore.loading import load_checkpoint
 from inference.native.engine import Engine
-from tests.conftest import REPO, in_process_trainer, read_metrics, run_train, train_py_error
+from tests.conftest import in_process_trainer, read_metrics, run_train, train_py_error
 from tests.train_args import train_args
 from train.rollout import student_rollouts
 
