@@ -5,8 +5,8 @@ loader, the decode settings, the trainer's rollout flags and each serving backen
 decode, the attention of each forward, the stop tokens, the longest draft, and what a backend serves.
 Each refusal is one sentence that names the reason and the fix, written once here.
 
-Backends: "native" (this repository's engine) and "sglang" (our algorithms in SGLang); another backend
-registers its own rule with `register_backend` (e.g. a vLLM one), so its checks live beside these.
+Backends: "native" (this repository's engine), "sglang" and "vllm" (our algorithms in those engines);
+another backend registers its own rule with `register_backend`.
 Stdlib only at import: the SGLang plugin imports it in SGLang's own environment.
 """
 
@@ -19,10 +19,10 @@ from bdcore.sidecar import SIDECAR_NAME
 
 MODES = ("causal", "diffusion", "self-spec")
 
-NOT_ON_SGLANG = (
-    "the checkpoint carries a draft-only adapter, which acts at canvas rows only; SGLang runs every row of a "
+NOT_WITH_DRAFT_ADAPTER = (
+    "the checkpoint carries a draft-only adapter, which acts at canvas rows only; {engine} runs every row of a "
     "forward through the same weights, so its diffusion and self-spec would not be what was trained: serve it "
-    "with --backend native (--mode causal on SGLang serves the base model, which the directory holds as is)"
+    "with --backend native (--mode causal on {engine} serves the base model, which the directory holds as is)"
 )
 
 
@@ -160,8 +160,9 @@ def _native(caps: Capabilities, mode: str) -> str | None:
     return caps.mode_refusal(mode)
 
 
-def _sglang(caps: Capabilities, mode: str) -> str | None:
-    """Our SGLang algorithms (inference/sglang_backend): causal is stock SGLang on the HF weights."""
+def _refusal_outside_native(caps: Capabilities, mode: str, name: str) -> str | None:
+    """What SGLang and vLLM share: they run every row through the same weights, encode committed tokens
+    causally and decode shifted checkpoints; causal mode is the stock engine on the HF weights."""
     if mode == "causal":
         return None
     if mode not in MODES:
@@ -169,11 +170,18 @@ def _sglang(caps: Capabilities, mode: str) -> str | None:
     if not caps.block_diffusion:
         return f"--mode {mode} needs a bdstack checkpoint directory (with {SIDECAR_NAME})"
     if caps.draft_adapter:
-        return NOT_ON_SGLANG
+        return NOT_WITH_DRAFT_ADAPTER.format(engine=name)
     if not caps.clean_causal:
-        return "SGLang encodes committed tokens causally; checkpoints with clean_causal: false need --backend native"
+        return f"{name} encodes committed tokens causally; checkpoints with clean_causal: false need --backend native"
     if not caps.shift:
-        return "the checkpoint is unshifted (shift: false); our SGLang algorithms decode shifted ones"
+        return f"the checkpoint is unshifted (shift: false); our {name} algorithms decode shifted ones"
+    return None
+
+
+def _sglang(caps: Capabilities, mode: str) -> str | None:
+    """Our SGLang algorithms (inference/sglang_backend)."""
+    if (why := _refusal_outside_native(caps, mode, "SGLang")) is not None or mode == "causal":
+        return why
     if caps.hybrid and not caps.within_block_causal:
         return (
             "hybrid (gated-delta) checkpoints trained with a bidirectional canvas are not served by SGLang in "
@@ -184,7 +192,21 @@ def _sglang(caps: Capabilities, mode: str) -> str | None:
     return None
 
 
-BACKENDS: dict[str, Callable[[Capabilities, str], str | None]] = {"native": _native, "sglang": _sglang}
+def _vllm(caps: Capabilities, mode: str) -> str | None:
+    """Our vLLM plugin (inference/vllm_backend); which architectures it extends is its own check."""
+    if (why := _refusal_outside_native(caps, mode, "vLLM")) is not None or mode == "causal":
+        return why
+    if caps.hybrid:
+        return (
+            "hybrid (gated-delta) checkpoints are not served by the vLLM plugin in diffusion/self-spec modes: its "
+            "ModelState is attention-only, and the canvas's two-stream gated-delta state (block-entry state, "
+            "block-end readout, per-token snapshots for rollback) is not expressed in vLLM's MambaHybridModelState; "
+            "use --backend native (or --backend sglang for checkpoints trained --within_block_causal)"
+        )
+    return None
+
+
+BACKENDS: dict[str, Callable[[Capabilities, str], str | None]] = {"native": _native, "sglang": _sglang, "vllm": _vllm}
 
 
 def register_backend(name: str, refusal: Callable[[Capabilities, str], str | None]) -> None:

@@ -154,6 +154,22 @@ def pick_backend(
     return "native"
 
 
+def fixed_settings_refusal(args, engine: str) -> str | None:
+    """SGLang and vLLM run our decodes with fixed settings: the policy (auto) and all-canvases self-spec
+    (canvases sharing positions in one forward) are native-engine decodes."""
+    if args.self_spec_canvases not in (None, "last"):
+        return (
+            f"--self-spec-canvases {args.self_spec_canvases} is a native-engine decode ({engine} verifies one "
+            "canvas per forward); use --backend native"
+        )
+    if args.draft_len == "auto":
+        return (
+            f"--draft-len auto is a native-engine decode (the {engine} plugin drafts a fixed length); give an "
+            "integer, or use --backend native"
+        )
+    return None
+
+
 def vllm_command(args, extra: list[str]) -> list[str]:
     from inference.vllm_backend import command as vc
 
@@ -161,16 +177,8 @@ def vllm_command(args, extra: list[str]) -> list[str]:
     where |= dict(api_key=args.api_key, max_num_seqs=args.max_batch, served_model_name=args.served_model_name)
     if args.mode == "causal":
         return vc.build_causal_command(args.model, extra_args=extra, **where)
-    if args.self_spec_canvases != "last":
-        raise vc.VllmCommandError(
-            f"--self-spec-canvases {args.self_spec_canvases} is a native-engine decode (its canvases share positions, "
-            "which vLLM's KV cache and bidirectional ranges cannot hold); use --backend native"
-        )
-    if args.draft_len == "auto":
-        raise vc.VllmCommandError(
-            "--draft-len auto is a native-engine decode (the vLLM plugin drafts a fixed length); give an integer, "
-            "or use --backend native"
-        )
+    if (why := fixed_settings_refusal(args, "vLLM")) is not None:
+        raise vc.VllmCommandError(why)
     settings = vc.bdstack_settings(
         args.model,
         args.mode,
@@ -199,16 +207,8 @@ def sglang_command(args, extra: list[str]) -> list[str]:
         cmd += ["--port", str(args.port)] + (["--api-key", args.api_key] if args.api_key else [])
         cmd += ["--served-model-name", args.served_model_name] if args.served_model_name else []
         return cmd + extra
-    if args.self_spec_canvases not in (None, "last"):
-        raise SystemExit(
-            f"serve.py: error: --self-spec-canvases {args.self_spec_canvases} is a native-engine decode (SGLang's "
-            "self-spec verifies in separate forwards); use --backend native"
-        )
-    if args.draft_len == "auto":
-        raise SystemExit(
-            "serve.py: error: --draft-len auto is a native-engine decode (the SGLang plugin drafts a fixed length); "
-            "give an integer, or use --backend native"
-        )
+    if (why := fixed_settings_refusal(args, "SGLang")) is not None:
+        raise SystemExit(f"serve.py: error: {why}")
     settings = sl.bdstack_settings(
         args.model,
         args.mode,

@@ -59,7 +59,7 @@ def test_self_spec_and_diffusion_carry_the_plugin_settings(capsys, dense):
     ("kwargs", "flags", "message"),
     [
         ({}, ["--draft-len", "auto"], "--draft-len auto"),
-        ({}, ["--self-spec-canvases", "all"], "share positions"),
+        ({}, ["--self-spec-canvases", "all"], "native-engine decode"),
         ({}, ["--draft-len", "5"], "exceeds the trained block size"),
         ({"shift": False}, [], "unshifted"),
         ({"clean_causal": False}, [], "clean_causal"),

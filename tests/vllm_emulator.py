@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from bdcore.capabilities import Capabilities
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.modes import SelfSpecDecoder, make_decoder
 from bdcore.decode.runner import ModelRunner
@@ -62,7 +63,7 @@ def native_decode(model, settings, prompt, params, seed: int, *, mode=None, caus
         draft_len=size if mode == "self-spec" else None,
         fuse_commit=False,
     )
-    decoder = make_decoder(config.resolve(size), seq)
+    decoder = make_decoder(config.resolve(Capabilities(bd_size=size, mask_id=settings.mask_id)), seq)
     if trace:
         decoder.trace = []
     fixed = getattr(decoder, "layout", None)

@@ -154,9 +154,10 @@ def bdstack_settings(
             f"vLLM would not stop at end-of-turn (token {eot}): it stops at generation_config.json's eos_token_id "
             "and the tokenizer's eos; add the end-of-turn id to generation_config.json's eos_token_id"
         )
+    caps = sidecar.capabilities(mask_id=sidecar.mask_id)
     resolved = DecodeConfig(
         mode=mode, block_size=block_size, threshold=threshold, steps=steps, draft_len=draft_len
-    ).resolve(sidecar.bd_size)
+    ).resolve(caps)
     return VllmDecodeSettings(
         mode=mode,
         size=resolved.draft_len if mode == "self-spec" else resolved.block,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bdcore.capabilities import Capabilities
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.modes import Decoder, SelfSpecDecoder, make_decoder
 from bdcore.decode.sampling import SamplingParams
@@ -102,7 +103,9 @@ class RequestDecoder:
         config = DecodeConfig(
             mode=s.mode, block_size=block, threshold=s.threshold, steps=s.steps, draft_len=draft, fuse_commit=False
         )
-        return config.resolve(s.size)
+        # The settings were resolved against the checkpoint when the command was built; `size` is its canvas.
+        caps = Capabilities(bd_size=s.size, mask_id=s.mask_id, within_block_causal=s.within_block_causal)
+        return config.resolve(caps)
 
     @property
     def stats(self) -> DecodeStats:
