@@ -13,6 +13,8 @@ from bdcore.decode.cost import RowCost, calibrate, load_or_calibrate
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.speculation import (
     AcceptanceEstimate,
+    DraftAcceptance,
+    DraftRates,
     Layout,
     SpeculationPolicy,
     cycle,
@@ -49,6 +51,19 @@ def test_cycle_by_hand():
     assert mid.tokens == pytest.approx(1.7 + 0.5) and mid.forwards == pytest.approx(1.5)
     causal = cycle(Layout(0, 0, 0), a)
     assert causal.tokens_per_forward == 1 and causal.verify_rows == 1
+    # stale drafts (after a rejection) at [0.1, 0.4]: with every canvas, a fresh step goes stale with
+    # chance 1 - 0.2 = 0.8, a stale one with 1 - 0.04 = 0.96; stationary P(stale) = 0.8 / (1 - 0.96 + 0.8)
+    two = cycle(Layout(2, 2, 0), DraftRates(a, [0.1, 0.4]))
+    p = 0.8 / 0.84
+    assert two.tokens == pytest.approx((1 - p) * 1.7 + p * (1 + 0.1 + 0.04)) and two.forwards == 1
+    # linear never drafts stale: unchanged
+    assert cycle(Layout(2, 2, 2), DraftRates(a, [0.0, 0.0])) == lin
+    # a canvas from row 1 on: stale after 1 accepted of 2 (fresh 0.5 - 0.2, stale 0.1 - 0.04), cold below it
+    mid2 = cycle(Layout(2, 2, 1), DraftRates(a, [0.1, 0.4]))
+    p = 0.3 / (1 - 0.06 + 0.3)
+    cold = (1 - p) * 0.5 + p * 0.9
+    assert mid2.p_cold == pytest.approx(cold)
+    assert mid2.tokens == pytest.approx((1 - p) * 1.7 + p * 1.14 + cold) and mid2.forwards == pytest.approx(1 + cold)
 
 
 def test_acceptance_estimate_by_hand():
@@ -61,6 +76,23 @@ def test_acceptance_estimate_by_hand():
     assert e.rates(3) == pytest.approx([(2 + 1) / 4, (1 + 0.5) / 4, (1 + 2 * (1.5 / 4)) / 3])
     e.observe(1, 0)
     assert e.attempted == [3, 2, 1] and e.accepted == [2, 1, 1]
+
+
+def test_draft_acceptance_keeps_stale_drafts_apart():
+    pooled = DraftAcceptance.from_prior([0.8], strength=2.0)
+    assert pooled.rates(2) == DraftRates([0.8, 0.8], [0.8, 0.8])  # no stale observation: the fresh estimate
+    pooled.observe(2, 0, stale=True)
+    pooled.observe(2, 0, stale=True)
+    r = pooled.rates(2)
+    assert r.fresh == [0.8, 0.8] and r.stale == pytest.approx([(0 + 2 * 0.8) / 4, 0.8])
+    pooled.observe(2, 2, stale=False)
+    assert pooled.fresh.attempted == [1, 1] and pooled.stale.attempted == [2]
+    request = DraftAcceptance.starting_from(pooled, 2, strength=4.0)
+    assert request.fresh.prior == pooled.rates(2).fresh and request.stale.prior == pooled.rates(2).stale
+    for _ in range(6):
+        pooled.observe(1, 1, stale=True)
+    pooled.halve_above(4)
+    assert pooled.stale.attempted == [4] and pooled.fresh.attempted == [1, 1]
 
 
 def test_prior_from_quality_recovers_a_geometric_chain():
@@ -91,24 +123,26 @@ def test_row_cost_interpolates_and_follows_live_timings():
         RowCost({1: 0.0})
 
 
-def _simulated_speed(layout: Layout, rates, cost, steps=20000, seed=0) -> float:
+def _simulated_speed(layout: Layout, rates, cost, steps=20000, seed=0, stale_rates=None) -> float:
     """Tokens per second of a layout used at every step, by simulation: drafts accepted one by one with
-    probability rates[j] until a rejection, cold steps when no canvas followed the accepted prefix."""
+    probability rates[j] until a rejection, cold steps when no canvas followed the accepted prefix; drafts
+    from a canvas after a rejected draft are accepted with `stale_rates` (default: `rates`)."""
     rng = random.Random(seed)
     tokens = seconds = 0.0
-    warm = False
+    warm = stale = False
     for _ in range(steps):
         if layout.canvas == 0:
             tokens, seconds = tokens + 1, seconds + cost(1)
             continue
         if not warm:
-            tokens, seconds, warm = tokens + 1, seconds + cost(1 + layout.canvas), True
+            tokens, seconds, warm, stale = tokens + 1, seconds + cost(1 + layout.canvas), True, False
             continue
+        now = stale_rates if stale and stale_rates is not None else rates
         k = 0
-        while k < layout.drafts and rng.random() < rates[k]:
+        while k < layout.drafts and rng.random() < now[k]:
             k += 1
         tokens, seconds = tokens + k + 1, seconds + cost(layout.rows)
-        warm = k >= layout.first_canvas
+        warm, stale = k >= layout.first_canvas, k < layout.drafts
     return tokens / seconds
 
 
@@ -128,6 +162,27 @@ def test_policy_picks_the_fastest_layout_of_an_independent_simulation(rates, poi
     speeds = {o: _simulated_speed(o, rates, cost) for o in options}
     best = max(speeds.values())
     assert speeds[picked] >= 0.97 * best, (picked, speeds[picked], max(speeds, key=speeds.get), best)
+
+
+@pytest.mark.parametrize(
+    "fresh,stale,points",
+    [
+        # the demo's shape: every canvas looks best with one acceptance, linear wins with stale drafts poor
+        ([0.9, 0.85, 0.8, 0.8, 0.75, 0.7, 0.7], [0.3, 0.3, 0.2, 0.2, 0.1, 0.1, 0.1], {1: 1.0, 16: 1.3, 64: 2.2}),
+        ([0.7, 0.6, 0.5, 0.5, 0.4, 0.4, 0.4], [0.6, 0.5, 0.4, 0.4, 0.3, 0.3, 0.3], {1: 1.0, 64: 1.2}),
+        ([0.8] * 7, [0.05] * 7, {1: 1.0, 8: 1.1, 64: 1.5}),
+    ],
+)
+def test_policy_with_stale_drafts_picks_the_fastest_layout_of_the_simulation(fresh, stale, points):
+    cost = RowCost(points)
+    options = layouts(7, "auto", None)
+    (picked,) = SpeculationPolicy(cost).choose([DraftRates(fresh, stale)], [options])
+    speeds = {o: _simulated_speed(o, fresh, cost, stale_rates=stale) for o in options}
+    best = max(speeds.values())
+    assert speeds[picked] >= 0.97 * best, (picked, speeds[picked], max(speeds, key=speeds.get), best)
+    (blind,) = SpeculationPolicy(cost).choose([fresh], [options])  # one acceptance for both sources
+    if blind != picked:
+        assert speeds[picked] > speeds[blind]
 
 
 def test_policy_by_case():
@@ -257,7 +312,7 @@ def test_auto_self_spec_is_lossless_alone_and_batched_and_learns_acceptance(chec
         g = auto.generate(ids, params)
         assert g.tokens == w
         drafted.update(g.stats.drafted)
-    assert spec.pooled.attempted and spec.pooled.attempted[0] > 0, "verify steps were pooled"
+    assert spec.pooled.fresh.attempted and spec.pooled.fresh.attempted[0] > 0, "verify steps were pooled"
     assert sum(drafted.values()) > 0
     scheduler = Scheduler(auto, max_batch=4)
     import concurrent.futures as cf

@@ -21,9 +21,9 @@ import torch
 
 from bdcore.decode.cost import RowCost
 from bdcore.decode.modes import Decoder, SelfSpecDecoder
-from bdcore.decode.speculation import PROBE_EVERY, AcceptanceEstimate, AutoDraft, Layout, SpeculationPolicy, layouts
+from bdcore.decode.speculation import PROBE_EVERY, AutoDraft, DraftAcceptance, Layout, SpeculationPolicy, layouts
 
-POOL_CAP = 4096  # pooled observations of draft 1 kept before old ones are halved away (the estimate follows drift)
+POOL_CAP = 4096  # observations of draft 1 (per draft source) pooled before old ones are halved away (drift)
 
 
 class Speculation:
@@ -32,14 +32,14 @@ class Speculation:
 
     def __init__(self, cost: RowCost, *, prior: list[float] | None = None):
         self.cost = cost
-        self.pooled = AcceptanceEstimate(prior or [0.5], strength=8.0)
+        self.pooled = DraftAcceptance.from_prior(prior or [0.5], strength=8.0)
         self.policy = SpeculationPolicy(cost)
 
     def attach(self, decoder: SelfSpecDecoder, auto: AutoDraft) -> None:
         """Leave `decoder`'s layouts to this policy, within `auto`."""
         decoder.auto = auto
         decoder.options = layouts(auto.max_drafts, auto.canvases, auto.fixed_drafts)
-        decoder.estimate = AcceptanceEstimate(self.pooled.rates(auto.max_drafts), strength=4.0)
+        decoder.estimate = DraftAcceptance.starting_from(self.pooled, auto.max_drafts, strength=4.0)
         decoder.causal_run = 0
 
     def plan(self, auto: list[SelfSpecDecoder], fixed_rows: list[int]) -> None:
@@ -64,9 +64,7 @@ class Speculation:
         for d in decoders:
             if _auto(d) and d.last_verify is not None:
                 self.pooled.observe(*d.last_verify)
-        if self.pooled.attempted and self.pooled.attempted[0] > POOL_CAP:
-            self.pooled.attempted = [n // 2 for n in self.pooled.attempted]
-            self.pooled.accepted = [n // 2 for n in self.pooled.accepted]
+        self.pooled.halve_above(POOL_CAP)
 
 
 def _auto(d: Decoder) -> bool:

@@ -17,7 +17,7 @@ from bdcore.decode.config import ResolvedDecode
 from bdcore.decode.rows import Rows
 from bdcore.decode.rules import block_decided, denoise_step, first_stop, greedy_accept, speculative_accept
 from bdcore.decode.sequence import Sequence
-from bdcore.decode.speculation import AcceptanceEstimate, AutoDraft, Layout, fixed_layout
+from bdcore.decode.speculation import AutoDraft, DraftAcceptance, Layout, fixed_layout
 
 
 @dataclass
@@ -204,9 +204,10 @@ class SelfSpecDecoder(Decoder):
         self.layout = fixed_layout(draft_len, canvases if canvases != "auto" else "last")
         self.auto: AutoDraft | None = None  # set with the next three by a driver whose policy picks layouts
         self.options: list[Layout] = []  # the layouts it may pick
-        self.estimate: AcceptanceEstimate | None = None  # this request's acceptance
+        self.estimate: DraftAcceptance | None = None  # this request's acceptance
         self.causal_run = 0  # causal steps in a row (the policy drafts again after a while, to re-measure)
-        self.last_verify: tuple[int, int] | None = None  # (drafts verified, accepted) of the last step
+        self.last_verify: tuple[int, int, bool] | None = None  # (drafts verified, accepted, were they stale)
+        self.stale = False  # the drafts in hand came from a canvas after a rejected draft
         self.c = len(seq.prompt_ids)  # cached tokens; the pending token sits at position c
         self.prefill = True
         self.pending: int | None = None  # emitted, not cached yet
@@ -253,15 +254,16 @@ class SelfSpecDecoder(Decoder):
             else:
                 k, last = speculative_accept(drafts, self.q[:v].cpu(), p.cpu(), seq.generator)
             seq.stats.accepted[k] += 1
-            self.last_verify = (v, k)
+            self.last_verify = (v, k, self.stale)
             if self.estimate is not None:
-                self.estimate.observe(v, k)
+                self.estimate.observe(v, k, self.stale)
             emitted = self.drafts[:k] + [last]
             ar_rows = logits[: k + 1]
             crop = self.c = c + 1 + k  # pending + accepted drafts stay cached
             canvas_at = v + 1 + (k - step.first_canvas) * step.canvas  # the canvas after row k, if any
         if step.canvas and k >= step.first_canvas:
             self._draft(logits[canvas_at : canvas_at + step.canvas])
+            self.stale = k < step.drafts  # drafted past the AR head's correction, which it did not see
         else:
             self.drafts = None
         self.finished = seq.out.push(emitted, seq.score(ar_rows, emitted))

@@ -14,8 +14,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from benchmark.tiny import tiny_checkpoint
 from inference import serve
-from tests.tiny import tiny_checkpoint
 
 VLLM_PYTHON = "/opt/vllm/bin/python"  # never run: only the argv after `-m MODULE` is parsed
 PASS_THROUGH = ["--", "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.8", "--max-num-seqs", "4"]
