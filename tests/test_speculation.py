@@ -119,8 +119,20 @@ def test_row_cost_interpolates_and_follows_live_timings():
     assert cost(0) == 1.0
     cost.observe(4, 4.5)
     assert cost(4) == pytest.approx(0.8 * 2.5 + 0.2 * 4.5)
+    cost.observe(12, 10.0)  # a new row count starts from the curve (3.1 there), not from one noisy timing
+    assert cost(12) == pytest.approx(0.8 * 3.1 + 0.2 * 10.0)
     with pytest.raises(ValueError, match="positive"):
         RowCost({1: 0.0})
+
+
+def test_row_cost_curve_never_falls_with_rows():
+    """Timing noise (32 rows timed faster than 16) is pooled away: the curve is the isotonic fit."""
+    cost = RowCost({1: 1.0, 16: 3.0, 32: 2.0, 64: 4.0})
+    assert cost(16) == cost(24) == cost(32) == pytest.approx(2.5) and cost(64) == 4.0 and cost(1) == 1.0
+    assert cost(8) == pytest.approx(1.0 + 1.5 * 7 / 15)
+    assert cost.points[16] == 3.0  # the measurements themselves are kept
+    cost.observe(32, 7.0)  # 0.8 * 2.0 + 0.2 * 7.0 = 3.0: no violation left
+    assert cost(16) == 3.0 and cost(32) == pytest.approx(3.0)
 
 
 def _simulated_speed(layout: Layout, rates, cost, steps=20000, seed=0, stale_rates=None) -> float:

@@ -3,7 +3,8 @@
 A forward pads every sequence's rows to the longest, so its cost is a function of batch x longest row list
 (`rows` below). `calibrate` times forwards of 1, 2, 4, ... rows over a cached context at start-up;
 `RowCost` interpolates between the measured points (linearly; beyond the last, along the last segment)
-and follows live timings (`observe`: a moving average per row count seen). `load_or_calibrate` keeps the
+and follows live timings (`observe`: a moving average per row count seen, which starts from the curve's
+value there, so one noisy timing at a new row count moves the curve by `LIVE_WEIGHT` of its error, not all). `load_or_calibrate` keeps the
 measurement in a JSON file per checkpoint, device, dtype and thread count, so a restart does not measure
 again.
 """
@@ -29,22 +30,40 @@ LIVE_WEIGHT = 0.2  # weight of a new live timing in its row count's moving avera
 
 
 class RowCost:
-    """Seconds of one decode forward by its rows (batch x longest row list)."""
+    """Seconds of one decode forward by its rows (batch x longest row list).
+
+    `points` are the measured (and live-averaged) timings; the curve read by `__call__` is their
+    isotonic fit (pool-adjacent-violators): a forward of more rows never costs less. Without it, timing
+    noise on a small model (a 2 ms forward jitters by 50%) can make 32 rows look cheaper than 16, and the
+    policy then drafts with every canvas on noise."""
 
     def __init__(self, points: dict[int, float]):
         if not points or any(r < 1 or s <= 0 for r, s in points.items()):
             raise ValueError(f"a row cost needs positive timings at row counts >= 1, got {points}")
         self.points = dict(points)
+        self._fit()
+
+    def _fit(self) -> None:
+        xs = sorted(self.points)
+        blocks: list[list[float]] = []  # [sum, count] of pooled neighbours, non-decreasing means
+        for x in xs:
+            blocks.append([self.points[x], 1])
+            while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+                total, count = blocks.pop()
+                blocks[-1][0] += total
+                blocks[-1][1] += count
+        ys = [total / count for total, count in blocks for _ in range(int(count))]
+        self._xs, self._ys = xs, ys
 
     def __call__(self, rows: int) -> float:
-        xs = sorted(self.points)
+        xs, ys = self._xs, self._ys
         if len(xs) == 1:
-            return self.points[xs[0]] * max(rows, 1) / xs[0] if rows > xs[0] else self.points[xs[0]]
+            return ys[0] * max(rows, 1) / xs[0] if rows > xs[0] else ys[0]
         if rows <= xs[0]:
-            return self.points[xs[0]]
+            return ys[0]
         i = min(max(bisect_left(xs, rows), 1), len(xs) - 1)
         x0, x1 = xs[i - 1], xs[i]
-        y0, y1 = self.points[x0], self.points[x1]
+        y0, y1 = ys[i - 1], ys[i]
         return max(y0 + (y1 - y0) * (rows - x0) / (x1 - x0), 1e-9)
 
     def observe(self, rows: int, seconds: float) -> None:
@@ -52,7 +71,9 @@ class RowCost:
         if rows < 1 or not seconds > 0:
             return
         old = self.points.get(rows)
-        self.points[rows] = seconds if old is None else (1 - LIVE_WEIGHT) * old + LIVE_WEIGHT * seconds
+        old = self(rows) if old is None else old
+        self.points[rows] = (1 - LIVE_WEIGHT) * old + LIVE_WEIGHT * seconds
+        self._fit()
 
     def to_dict(self) -> dict[str, float]:
         return {str(r): s for r, s in sorted(self.points.items())}
@@ -65,8 +86,8 @@ def _sync(device: torch.device) -> None:
 
 def calibrate(runner, *, sizes=SIZES, context: int = CONTEXT, repeats: int = 3) -> RowCost:
     """Median seconds of `repeats` forwards of each row count in `sizes` (clean rows, none kept) after one
-    untimed warm-up, over a cache of `context` tokens, on `runner`'s model and device; a row count never
-    costs more than a larger one (timing noise is cut)."""
+    untimed warm-up, over a cache of `context` tokens, on `runner`'s model and device (`RowCost` fits a
+    non-decreasing curve through them)."""
     vocab = runner.model.config.vocab_size
     cache = SequenceCache()
     tokens = [(7 * i + 3) % vocab for i in range(context + max(sizes))]
@@ -83,8 +104,6 @@ def calibrate(runner, *, sizes=SIZES, context: int = CONTEXT, repeats: int = 3) 
             if rep:  # the first is a warm-up
                 times.append(time.perf_counter() - t)
         points[r] = sorted(times)[len(times) // 2]
-    for r, bigger in zip(sizes[-2::-1], sizes[:0:-1]):  # fewer rows never cost more: timing noise aside
-        points[r] = min(points[r], points[bigger])
     return RowCost(points)
 
 

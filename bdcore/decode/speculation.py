@@ -203,16 +203,27 @@ class Cycle:
         return self.tokens / self.forwards
 
 
-def _verify_step(layout: Layout, rates: list[float]) -> tuple[float, float, float]:
-    """One verify step with drafts accepted at `rates`: expected tokens (1 + sum_j A_j, A_j = a_1 ... a_j),
-    the chance of a cold step after it (a rejection before `first_canvas`) and the chance its next drafts
-    are stale (a rejection at or after `first_canvas`)."""
-    n, m = layout.drafts, layout.first_canvas
-    chain, A = [1.0], 1.0
-    for j in range(n):
-        A *= rates[j]
-        chain.append(A)
-    return sum(chain), 1.0 - chain[m], chain[m] - chain[n]
+@dataclass(frozen=True)
+class _Chain:
+    """A_j = a_1 ... a_j (A_0 = 1) of one draft source, and the sums A_0 + ... + A_j."""
+
+    acc: list[float]
+    sums: list[float]
+
+    @classmethod
+    def of(cls, rates: list[float]) -> _Chain:
+        acc, sums = [1.0], [1.0]
+        for a in rates:
+            acc.append(acc[-1] * a)
+            sums.append(sums[-1] + acc[-1])
+        return cls(acc, sums)
+
+    def verify_step(self, layout: Layout) -> tuple[float, float, float]:
+        """One verify step of `layout` with drafts from this source: expected tokens (1 + sum_j A_j), the
+        chance of a cold step after it (a rejection before `first_canvas`) and the chance its next drafts
+        are stale (a rejection at or after `first_canvas`)."""
+        n, m = layout.drafts, layout.first_canvas
+        return self.sums[n], 1.0 - self.acc[m], self.acc[m] - self.acc[n]
 
 
 def cycle(layout: Layout, rates: DraftRates | list[float]) -> Cycle:
@@ -220,16 +231,24 @@ def cycle(layout: Layout, rates: DraftRates | list[float]) -> Cycle:
     fresh or stale (`DraftRates`); a step whose rejection falls before `first_canvas` adds a cold step
     (one token, fresh drafts), one that ends with every draft accepted drafts fresh ones, any other drafts
     stale ones. The chance of each source is the chain's stationary one."""
+    return _cycle(layout, *_chains(rates))
+
+
+def _chains(rates: DraftRates | list[float]) -> tuple[_Chain, _Chain]:
     if isinstance(rates, list):
         rates = DraftRates.same(rates)
+    return _Chain.of(rates.fresh), _Chain.of(rates.stale)
+
+
+def _cycle(layout: Layout, fresh: _Chain, stale: _Chain) -> Cycle:
     if layout.canvas == 0:
         return Cycle(1.0, 1.0, layout.rows, 1, 0.0)
-    tokens_f, cold_f, to_stale_f = _verify_step(layout, rates.fresh)
-    tokens_s, cold_s, to_stale_s = _verify_step(layout, rates.stale)
+    tokens_f, cold_f, to_stale_f = fresh.verify_step(layout)
+    tokens_s, cold_s, to_stale_s = stale.verify_step(layout)
     denominator = 1.0 - to_stale_s + to_stale_f
-    stale = to_stale_f / denominator if denominator > 0 else 0.0  # stationary P(drafts in hand are stale)
-    tokens = (1 - stale) * tokens_f + stale * tokens_s
-    p_cold = (1 - stale) * cold_f + stale * cold_s
+    p = to_stale_f / denominator if denominator > 0 else 0.0  # stationary P(drafts in hand are stale)
+    tokens = (1 - p) * tokens_f + p * tokens_s
+    p_cold = (1 - p) * cold_f + p * cold_s
     return Cycle(tokens + p_cold, 1.0 + p_cold, layout.rows, 1 + layout.canvas, p_cold)
 
 
@@ -267,14 +286,17 @@ class SpeculationPolicy:
         the forward with `others` sequences whose rows are fixed (the longest has `other_rows`), each of
         which emits one token a forward as far as this choice can tell."""
         if len(rates) == 1 and others == 0:
-            r = rates[0]
+            chains = _chains(rates[0])
 
             def speed(o: Layout) -> float:
-                c = cycle(o, r)
+                c = _cycle(o, *chains)
                 return c.tokens / (self.cost(c.verify_rows) + c.p_cold * self.cost(c.cold_rows))
 
             return [max(options[0], key=speed)]
-        cycles = [[(o, cycle(o, r)) for o in opts] for r, opts in zip(rates, options)]
+        cycles = []
+        for r, opts in zip(rates, options):
+            chains = _chains(r)
+            cycles.append([(o, _cycle(o, *chains)) for o in opts])
         floor = other_rows if others else 1
         caps = sorted({o.rows for opts in options for o in opts if o.rows >= floor} | {floor})
         batch = len(rates) + others
