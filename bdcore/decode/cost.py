@@ -2,11 +2,11 @@
 
 A forward pads every sequence's rows to the longest, so its cost is a function of batch x longest row list
 (`rows` below). `calibrate` times forwards of 1, 2, 4, ... rows over a cached context at start-up;
-`RowCost` interpolates between the measured points (linearly; beyond the last, along the last segment)
-and follows live timings (`observe`: a moving average per row count seen, which starts from the curve's
-value there, so one noisy timing at a new row count moves the curve by `LIVE_WEIGHT` of its error, not all). `load_or_calibrate` keeps the
-measurement in a JSON file per checkpoint, device, dtype and thread count, so a restart does not measure
-again.
+`RowCost` interpolates its isotonic fit of the measured points (linearly; beyond the last, along the
+last segment) and follows live timings (`observe`: a moving average per row count seen, which starts from
+the curve's value there, so one noisy timing at a new row count moves the curve by `LIVE_WEIGHT` of its
+error, not all of it). `load_or_calibrate` keeps the measurement in a JSON file per checkpoint, device,
+dtype and thread count, so a restart does not measure again.
 """
 
 from __future__ import annotations
