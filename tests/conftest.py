@@ -13,8 +13,10 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _private_tempdir(tmp_path, monkeypatch):
-    """Temporary files a test's code makes (e.g. serve.py's SGLang settings) land in its tmp_path."""
+    """Temporary files a test's code makes (e.g. serve.py's SGLang settings) and the engine's row-cost
+    cache (measured at start-up by auto self-spec) land in its tmp_path, never in the user's ~/.cache."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path / "bdstack-cache"))
 
 
 REPO = Path(__file__).resolve().parent.parent
