@@ -91,7 +91,7 @@ def run_script(tmp_path, script, env=None):
     return [json.loads(line) for line in calls.read_text().splitlines()], r.stdout
 
 
-def test_functionchat_script_clones_builds_its_venv_and_runs_three_sets(tmp_path):
+def test_functionchat_script_clones_builds_its_venv_and_runs_the_sets(tmp_path):
     url, out = "http://127.0.0.1:8124/v1", tmp_path / "out"
     assert configure.main(["functionchat", "--base-url", url, "--model", "my-bd", "--out", str(out)]) == 0
     calls, _ = run_script(tmp_path, out / "run_functionchat.sh")
@@ -101,11 +101,7 @@ def test_functionchat_script_clones_builds_its_venv_and_runs_three_sets(tmp_path
     assert calls[2]["cmd"] == "python3.11" and calls[2]["args"] == ["-m", "venv", str(venv)]
     assert calls[3]["cmd"] == "pip" and calls[3]["args"] == ["install", "-r", "requirements.txt"]
     runs = calls[4:]
-    assert [c["args"][:3] for c in runs] == [
-        ["evaluate.py", "singlecall", "--input_path"],
-        ["evaluate.py", "dialog", "--input_path"],
-        ["evaluate.py", "common", "--input_path"],
-    ]
+    assert [c["args"][:2] for c in runs] == [["evaluate.py", "singlecall"], ["evaluate.py", "common"]]
     for c in runs:
         assert c["cmd"] == "python" and c["cwd"] == str(src)
         opts = dict(zip(c["args"][2::2], c["args"][3::2]))
@@ -115,7 +111,8 @@ def test_functionchat_script_clones_builds_its_venv_and_runs_three_sets(tmp_path
     # a second run reuses the clone and the venv; the judge is asked for by the environment
     (tmp_path / "calls.jsonl").unlink()
     calls, _ = run_script(tmp_path, out / "run_functionchat.sh", {"FUNCTIONCHAT_ONLY_EXACT": "False"})
-    assert [c["cmd"] for c in calls] == ["git", "python", "python", "python"]
+    assert [c["cmd"] for c in calls] == ["git", "python", "python", "python"]  # with the judge: Dialog too
+    assert [c["args"][1] for c in calls[1:]] == ["singlecall", "common", "dialog"]
     assert all(c["args"][c["args"].index("--only_exact") + 1] == "False" for c in calls[1:])
 
 

@@ -2,7 +2,7 @@
 (`python -m benchmark.agentic.configure functionchat|ko_agentbench ...` writes them).
 
 Neither is a pip package: each script clones the benchmark at the commit read for bdstack (README.md,
-sections 8 and 9), builds the benchmark's own virtual environment the first time, then runs it against
+sections 7 and 8), builds the benchmark's own virtual environment the first time, then runs it against
 the server. Their data comes with the clone, at the user's run time; nothing of theirs is in bdstack.
 """
 
@@ -51,8 +51,8 @@ def _setup(var: str, repo: tuple[str, str], src: Path, venv: Path, python: str, 
 
 def functionchat(base_url, model, out: Path, *, api_key="EMPTY", temperature=0.1, **_) -> dict[str, str]:
     """FunctionChat-Bench: its `inhouse` model route (openai SDK, base_url + served_model_name) on the
-    Singlecall, Dialog and CallDecision sets. Scored by exact match of the calls unless the rubric judge
-    (GPT-4.1 through OpenAI's batch API, key in config/openai.cfg) is asked for."""
+    Singlecall and CallDecision sets, scored by exact match of the calls, and with the rubric judge
+    (GPT-4.1 through OpenAI's batch API, key in config/openai.cfg) when asked for, also the Dialog set."""
     lines = [
         "#!/usr/bin/env bash",
         "# FunctionChat-Bench (Kakao, Apache-2.0) against a bdstack server. Its client waits 30 s per request",
@@ -73,9 +73,15 @@ def functionchat(base_url, model, out: Path, *, api_key="EMPTY", temperature=0.1
         'PY="$FUNCTIONCHAT_VENV/bin/python"',
         '"$PY" evaluate.py singlecall --input_path data/FunctionChat-Singlecall.jsonl --tools_type all \\\n'
         '    --system_prompt_path data/system_prompt.txt "${SERVER[@]}"',
-        '"$PY" evaluate.py dialog --input_path data/FunctionChat-Dialog.jsonl \\\n'
-        '    --system_prompt_path data/system_prompt.txt "${SERVER[@]}"',
         '"$PY" evaluate.py common --input_path data/FunctionChat-CallDecision.jsonl "${SERVER[@]}"',
+        "# Dialog turns are mostly answers, slot questions and refusals, which only the judge scores (at",
+        "# cb32af3 its exact-match-only report of this set divides by zero on them)",
+        'if [ "$ONLY_EXACT" = False ]; then',
+        '    "$PY" evaluate.py dialog --input_path data/FunctionChat-Dialog.jsonl \\\n'
+        '        --system_prompt_path data/system_prompt.txt "${SERVER[@]}"',
+        "else",
+        '    echo "FunctionChat-Dialog skipped: it needs the judge (FUNCTIONCHAT_ONLY_EXACT=False)"',
+        "fi",
         'echo "scores: $FUNCTIONCHAT_SRC/output/<served model>/FunctionChat-<served model>.eval_score.json"',
     ]
     return {"run_functionchat.sh": "\n".join(lines) + "\n"}
