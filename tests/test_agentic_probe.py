@@ -97,18 +97,19 @@ def test_probe_every_shape_is_accepted_by_the_native_server(server):
 
 
 def test_probe_with_scripted_tool_calls_sees_openai_tool_calls(server, scripted):
-    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    two = call + "\n" + call.replace("Paris", "Rome")
     n = len(probe.cases(8))
-    # every request gets a reply with two calls; "required"/named replies continue the forced prefix
+    # every request gets a reply with two calls of its first tool; "required"/named replies continue the
+    # forced prefix
     replies = []
     for c in probe.cases(8):
+        name = c.body["tools"][0]["function"]["name"] if c.body.get("tools") else "get_weather"
+        call = "<tool_call>\n" + json.dumps({"name": name, "arguments": {"city": "Paris"}}) + "\n</tool_call>"
         if c.check.get("name"):
             replies.append('{"city": "Paris"}}\n</tool_call>')
         elif c.check.get("forced"):
-            replies.append('{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+            replies.append(call[len("<tool_call>\n") :])
         elif c.path != "/models":
-            replies.append(two)
+            replies.append(call + "\n" + call.replace("Paris", "Rome"))
     scripted(*replies)
     results = {r.case.name: r for r in probe.run_probe(server[0] + "/v1", "tiny", max_tokens=8, require_calls=True)}
     assert all(r.ok for r in results.values()), probe.table(list(results.values()))
@@ -120,6 +121,8 @@ def test_probe_with_scripted_tool_calls_sees_openai_tool_calls(server, scripted)
     assert results["tools, tool_choice required"].calls == 1
     assert results["tools, tool_choice named"].calls == 1
     assert results["stream, tool_choice required"].calls == 1
+    assert results["Korean system, user and tool schemas"].calls == 2
+    assert results["history: call with no result, no content key"].calls == 2
 
 
 def test_probe_reports_a_server_that_breaks_the_shape(server, scripted):
@@ -234,7 +237,7 @@ def test_streamed_tool_call_keeps_surrounding_text(server, scripted):
     chunks = list(client.chat.completions.create(model="tiny", messages=[ASK], tools=TOOLS, stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert text.startswith("Checking.") and text.endswith("Done.") and "<tool_call>" not in text
+    assert text == "Checking.\n\nDone."  # the whole reply's content: the text around the call, stripped
     assert [tc.function.name for tc in calls] == ["get_weather"]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
@@ -266,52 +269,7 @@ def _post(url, body):
         return e.code, e.read().decode()
 
 
-# -- harness configuration generators ------------------------------------------------------------
-
-
-def test_configure_writes_configs_that_parse_and_name_the_endpoint(tmp_path):
-    import subprocess
-
-    import yaml
-
-    from benchmark.agentic import configure
-
-    url, out = "http://127.0.0.1:8123/v1", tmp_path / "agentic"
-    assert configure.main(["all", "--base-url", url, "--model", "my-bd", "--out", str(out), "--checkpoint", "ck"]) == 0
-    names = sorted(p.name for p in out.iterdir())
-    assert names == [
-        "mini_swe_agent.yaml",
-        "run_bfcl.sh",
-        "run_swebench.sh",
-        "run_tau2.sh",
-        "run_terminal_bench.sh",
-        "tau2_llm_args.json",
-    ]
-    mini = yaml.safe_load((out / "mini_swe_agent.yaml").read_text())["model"]
-    assert mini["model_name"] == "openai/my-bd" and mini["model_kwargs"]["api_base"] == url
-    assert mini["model_kwargs"]["api_key"] and mini["cost_tracking"] == "ignore_errors"
-    assert json.loads((out / "tau2_llm_args.json").read_text()) == {
-        "api_base": url,
-        "api_key": "EMPTY",
-        "temperature": 0.0,
-    }
-    for script in out.glob("*.sh"):
-        subprocess.run(["bash", "-n", str(script)], check=True)  # valid shell
-        text = script.read_text()
-        # tau2 and mini-swe-agent read the URL from their config files
-        assert url in text or script.name in ("run_tau2.sh", "run_swebench.sh"), script.name
-    tau2 = (out / "run_tau2.sh").read_text()
-    assert "--agent-llm openai/my-bd" in tau2 and str(out / "tau2_llm_args.json") in tau2
-    bfcl = (out / "run_bfcl.sh").read_text()
-    assert "--model bdstack-FC" in bfcl and "--model bdstack-qwen-FC" in bfcl and "--served-model my-bd" in bfcl
-    sweb = (out / "run_swebench.sh").read_text()
-    assert "-c swebench.yaml -c " + str(out / "mini_swe_agent.yaml") in sweb and "preds.json" in sweb
-    tb = (out / "run_terminal_bench.sh").read_text()
-    assert f"--agent-kwarg api_base={url}" in tb and "--model openai/my-bd" in tb and "--agent terminus-2" in tb
-    # a user simulator elsewhere (tau2's leaderboard uses gpt-4.1): no bdstack args for it
-    configure.main(["tau2", "--model", "m", "--out", str(out), "--user-llm", "gpt-4.1", "--domain", "retail"])
-    tau2 = (out / "run_tau2.sh").read_text()
-    assert "--user-llm gpt-4.1" in tau2 and "--user-llm-args" not in tau2 and "--domain retail" in tau2
+# -- BFCL wrapper (the configs configure.py writes: tests/test_agentic_configure.py) -------------------
 
 
 def test_bfcl_run_prints_its_entries_without_bfcl(capsys):

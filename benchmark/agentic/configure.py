@@ -1,6 +1,6 @@
 """Write each harness's configuration for a bdstack server, and the exact commands that use it.
 
-    python -m benchmark.agentic.configure {bfcl,tau2,swebench,terminal-bench,all} \\
+    python -m benchmark.agentic.configure {bfcl,tau2,swebench,terminal-bench,functionchat,ko_agentbench,all} \\
         --base-url http://127.0.0.1:8000/v1 --model NAME --out runs/agentic [--checkpoint CKPT]
 
 Writes into --out (one file set per harness) and prints the commands of `run_<harness>.sh`:
@@ -11,6 +11,12 @@ Writes into --out (one file set per harness) and prints the commands of `run_<ha
 - swebench:        mini_swe_agent.yaml (a mini-swe-agent config layered over its swebench.yaml),
                    run_swebench.sh (trajectories with mini-extra swebench, then the swebench harness)
 - terminal-bench:  run_terminal_bench.sh (`tb run` with Terminus-2, and `harbor run` for Terminal-Bench 2.0)
+- functionchat:    run_functionchat.sh (FunctionChat-Bench's evaluate.py, `--model inhouse`, all three sets)
+- ko_agentbench:   ko_agentbench.env (LiteLLM's endpoint variables), run_ko_agentbench.sh (the run, then
+                   the LLM-judge evaluation against OpenAI, never against this server)
+
+The last two clone the benchmark at the commit read for bdstack and build its own virtual environment
+(never bdstack's .venv) the first time they run: their data is fetched then, not shipped here.
 
 Every harness reaches the server through LiteLLM or the openai SDK as an OpenAI-compatible endpoint:
 model `openai/NAME` plus the base URL (LiteLLM) or OPENAI_BASE_URL (openai SDK). The server needs no key
@@ -25,7 +31,9 @@ import shlex
 import sys
 from pathlib import Path
 
-HARNESSES = ("bfcl", "tau2", "swebench", "terminal-bench")
+from benchmark.agentic.configure_korean import functionchat, ko_agentbench
+
+HARNESSES = ("bfcl", "tau2", "swebench", "terminal-bench", "functionchat", "ko_agentbench")
 
 
 def _q(x) -> str:
@@ -134,7 +142,14 @@ def terminal_bench(base_url, model, out: Path, *, api_key="EMPTY", temperature=0
     return {"run_terminal_bench.sh": "\n".join(script) + "\n"}
 
 
-WRITERS = {"bfcl": bfcl, "tau2": tau2, "swebench": swebench, "terminal-bench": terminal_bench}
+WRITERS = {
+    "bfcl": bfcl,
+    "tau2": tau2,
+    "swebench": swebench,
+    "terminal-bench": terminal_bench,
+    "functionchat": functionchat,
+    "ko_agentbench": ko_agentbench,
+}
 
 
 def write(harness: str, out: Path, **kw) -> list[Path]:
@@ -153,7 +168,8 @@ def write(harness: str, out: Path, **kw) -> list[Path]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmark.agentic.configure",
-        description="Write agentic harness configs (BFCL, tau2-bench, SWE-bench, Terminal-Bench) for a bdstack server.",
+        description="Write agentic harness configs (BFCL, tau2-bench, SWE-bench, Terminal-Bench, FunctionChat-Bench, "
+        "Ko-AgentBench) for a bdstack server.",
     )
     p.add_argument("harness", choices=[*HARNESSES, "all"])
     p.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="the server's OpenAI base URL (with /v1)")
@@ -165,6 +181,7 @@ def main(argv=None) -> int:
     p.add_argument("--user-llm", default=None, help="tau2: user simulator model (default: the served model)")
     p.add_argument("--domain", default="airline", help="tau2 domain (airline, retail, telecom, mock)")
     p.add_argument("--subset", default="verified", help="SWE-bench subset for mini-swe-agent (verified, lite)")
+    p.add_argument("--levels", default="L1,L2,L3,L4,L5,L6,L7", help="Ko-AgentBench levels to run")
     args = p.parse_args(argv)
     kw = dict(
         base_url=args.base_url,
@@ -174,10 +191,15 @@ def main(argv=None) -> int:
         user_llm=args.user_llm,
         domain=args.domain,
         subset=args.subset,
+        levels=args.levels,
     )
     if args.temperature is not None:
         kw["temperature"] = args.temperature
-    for path in write(args.harness, Path(args.out).resolve(), **kw):
+    try:
+        written = write(args.harness, Path(args.out).resolve(), **kw)
+    except ValueError as e:  # a setting the harness cannot work with, named with its fix
+        p.error(str(e))
+    for path in written:
         print(f"# wrote {path}")
         if path.suffix == ".sh":
             print(path.read_text())

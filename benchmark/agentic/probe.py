@@ -2,10 +2,11 @@
 
     python -m benchmark.agentic.probe --base-url http://127.0.0.1:8000/v1 --model NAME [--json out.json]
 
-Sends the request shapes that BFCL, tau2-bench, mini-swe-agent (SWE-bench) and Terminal-Bench's Terminus
-send (through the openai SDK or LiteLLM): tools with JSON schemas, tool_choice auto / none / required /
-a named function, parallel_tool_calls, multi-turn histories with assistant tool_calls and `tool`
-messages, system and developer prompts, content parts, response_format, max_completion_tokens, stop,
+Sends the request shapes that BFCL, tau2-bench, mini-swe-agent (SWE-bench), Terminal-Bench's Terminus,
+FunctionChat-Bench and Ko-AgentBench send (through the openai SDK or LiteLLM): tools with JSON schemas
+(Korean ones too), tool_choice auto / none / required / a named function, parallel_tool_calls,
+multi-turn histories with assistant tool_calls and `tool` messages (reused ids, escaped arguments, calls
+without results), system and developer prompts, content parts, response_format, max_completion_tokens, stop,
 streaming with and without tools, the legacy completions endpoint, and the extra fields SDKs add.
 Each answer is checked for OpenAI's shape: tool_calls with ids, known function names and arguments that
 are a JSON object's text, finish_reason "tool_calls" when calls are present, usage counts, and for

@@ -1,5 +1,5 @@
 """The request shapes the probe sends (`probe.py`): tools, tool histories and every case, each named
-with the harnesses that send it."""
+with the harnesses that send it (the Korean harnesses' cases are in probe_korean.py)."""
 
 from __future__ import annotations
 
@@ -67,6 +67,8 @@ class Case:
 
 
 def cases(max_tokens: int) -> list[Case]:
+    from benchmark.agentic.probe_korean import korean_cases  # that module builds on Case, defined above
+
     mt = {"max_tokens": max_tokens}
     tool_history = [
         SYSTEM,
@@ -187,6 +189,7 @@ def cases(max_tokens: int) -> list[Case]:
                 **mt,
             },
         ),
+        *korean_cases(max_tokens),
         Case(
             "content as text parts",
             "LiteLLM / multimodal-capable clients",

@@ -39,7 +39,11 @@ class HoldBack:
     def add(self, delta: str) -> str:
         """The text that is now surely content and was not sent yet."""
         self.text += delta
-        safe = content_before_tool_call(self.text) if self.tools.parse else self.text
+        safe = self.text
+        if self.tools.parse:
+            # whitespace before a call is not content (a whole reply's content is stripped around its
+            # calls): it waits for the next text, so that the stream's content equals the whole reply's
+            safe = content_before_tool_call(self.text).rstrip()
         if len(safe) <= self.sent:
             return ""
         out, self.sent = safe[self.sent :], len(safe)
