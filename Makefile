@@ -29,7 +29,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 # The offline demo (about 10 minutes on 2 CPU cores): synthetic chats with checkable answers, a tiny
 # Qwen3, AR SFT from scratch (--ar_only), then block-diffusion conversion through the same CLI.

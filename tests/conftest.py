@@ -21,6 +21,14 @@ def _private_tempdir(tmp_path, monkeypatch):
 
 REPO = Path(__file__).resolve().parent.parent
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two workers on two cores: one thread each (and in the programs they start), or the
+    # workers' thread pools oversubscribe the cores and every forward waits on the other worker's.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
 
 def _make_kit(out: Path, *extra: str) -> Path:
     cmd = [sys.executable, "-m", "data.make_demo", str(out), "--train", "160", "--eval", "10", "--hidden", "64"]

@@ -193,6 +193,7 @@ def test_client_disconnect_mid_stream_then_serving_goes_on(server, client):
 
 def test_metrics_report_running_totals(server, client):
     client.chat.completions.create(model="tiny", messages=MSG, max_tokens=5, extra_body={"mode": "causal"})
+    assert raw(server[0], "/v1/chat/completions", {"model": "other", "messages": MSG})[0] == 404
     status, text = raw(server[0], "/metrics")
     assert status == 200
     values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}

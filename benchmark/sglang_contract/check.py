@@ -23,6 +23,7 @@ import sys
 import types
 from pathlib import Path
 
+from benchmark.contract_report import Report
 from benchmark.sglang_contract.names import DLLM_CONFIG_PARAMS, SOURCE_NAMES, class_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,19 +60,6 @@ def install_stubs(root: Path) -> None:
     module("sglang.srt.layers.logits_processor", LogitsProcessorOutput=type("LogitsProcessorOutput", (), {}))
     module("sglang.srt.model_executor.forward_batch_info", ForwardBatch=type("ForwardBatch", (), {}))
     module("sglang.srt.model_executor.model_runner", ModelRunner=type("ModelRunner", (), {}))
-
-
-class Report:
-    def __init__(self):
-        self.failures: list[str] = []
-        self.passed = 0
-
-    def check(self, ok: bool, what: str) -> None:
-        if ok:
-            self.passed += 1
-        else:
-            self.failures.append(what)
-            print(f"FAIL {what}", flush=True)
 
 
 def check_registration(r: Report) -> None:

@@ -22,22 +22,10 @@ import sys
 import types
 from pathlib import Path
 
+from benchmark.contract_report import Report
 from benchmark.vllm_contract.names import check_source_names
 
 VLLM_VERSION = "0.33.0"
-
-
-class Report:
-    def __init__(self):
-        self.failures: list[str] = []
-        self.passed = 0
-
-    def check(self, ok: bool, what: str) -> None:
-        if ok:
-            self.passed += 1
-        else:
-            self.failures.append(what)
-            print(f"FAIL {what}", flush=True)
 
 
 def serve_parser():
