@@ -95,6 +95,20 @@ def test_conflicting_choices_are_refused_with_the_reason(argv, named, other):
 
 
 @pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--ar_only", "--views", "2"], "--views"),
+        (["--recipe", "ar_sft", "--ar_loss_weight", "0.5"], "--ar_loss_weight"),
+        (["--recipe", "ar_sft", "--loss_weighting", "inverse_rate"], "--loss_weighting"),
+    ],
+)
+def test_plain_ar_sft_refuses_what_shapes_the_diffusion_loss(argv, named):
+    """These were silently overridden (views 0, w 1) before --recipe."""
+    with pytest.raises(FlagError, match=f"^{named}: shapes the block-diffusion loss, which {argv[0]}"):
+        parse_args(BASE + argv)
+
+
+@pytest.mark.parametrize(
     "argv, flag, owner, run",
     [
         (["--opd_threshold", "0.5"], "--opd_threshold", "opd", r"--recipe sft \(the default\)"),

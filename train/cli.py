@@ -231,6 +231,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     if args.bd_size < 2:
         bad("--bd_size", f"{args.bd_size} is too small; a block needs a seed and at least one token (use >= 2)")
     _check_single_stream(args, chosen_by, bad)
+    _check_ar_sft(args, chosen_by, bad)
     _check_lora(args, chosen_by, bad)
     if args.lr is None:
         args.lr = DRAFT_ADAPTER_LR if args.draft_adapter else FULL_FT_LR
@@ -306,6 +307,24 @@ def _check_single_stream(args, chosen_by: str, bad) -> None:
         if given:
             bad(flag, f"does not apply to --objective single_stream: it {fix}")
     args.views, args.ar_loss_weight = 1, 0.0
+
+
+def _check_ar_sft(args, chosen_by: str, bad) -> None:
+    """Plain AR SFT has no noised views and no diffusion loss: the flags that shape them would be ignored."""
+    if args.recipe != "ar_sft":
+        return
+    given = {
+        "--views": args.views is not None,
+        "--ar_loss_weight": args.ar_loss_weight is not None,
+        "--loss_weighting": args.loss_weighting != BlockDiffusionConfig.loss_weighting,
+    }
+    for flag, is_given in given.items():
+        if is_given:
+            bad(
+                flag,
+                f"shapes the block-diffusion loss, which {chosen_by} does not train (plain AR SFT: clean stream "
+                "only, AR loss only); leave it out",
+            )
 
 
 def _check_lora(args, chosen_by: str, bad) -> None:

@@ -50,10 +50,8 @@ def resolve_recipe(args, bad: Callable[[str, str], None]) -> str:
     chosen = [] if args.recipe is None else [(f"--recipe {args.recipe}", args.recipe)]
     for recipe in RECIPE_TABLE.values():
         if recipe.legacy_flag is not None:
-            dest = recipe.legacy_flag.removeprefix("--")
-            if getattr(args, dest):
+            if vars(args).pop(recipe.legacy_flag.removeprefix("--"), False):
                 chosen.append((recipe.legacy_flag, recipe.name))
-            delattr(args, dest)
     last, last_name = chosen[-1] if chosen else (None, None)
     for spelling, name in chosen:
         if name != last_name:
