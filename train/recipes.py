@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-from train.config import RECIPES, OPDSection, RLSection
+from train.config import RECIPES, OPDSection, RLSection, TrainingSection
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ def resolve_recipe(args, bad: Callable[[str, str], None]) -> str:
             other = spelling if spelling.startswith("--recipe") else f"{spelling} (--recipe {name})"
             bad(last, f"is --recipe {last_name}, but {other} was given too; a run trains one recipe: keep one of them")
     if not chosen:
-        args.recipe = "sft"
-        return "--recipe sft (the default)"
+        args.recipe = TrainingSection.recipe
+        return f"--recipe {args.recipe} (the default)"
     args.recipe = chosen[0][1]
     return chosen[0][0]
 
@@ -88,4 +88,4 @@ def recipe_of_record(saved: dict) -> dict:
     for recipe in RECIPE_TABLE.values():
         if recipe.legacy_flag and saved.get(recipe.legacy_flag.removeprefix("--")):
             return {**saved, "recipe": recipe.name}
-    return {**saved, "recipe": "sft"}
+    return {**saved, "recipe": TrainingSection.recipe}
