@@ -32,11 +32,11 @@ test: lint
 	$(PY) -m pytest -n 2 --dist loadfile
 
 # The offline demo (about 10 minutes on 2 CPU cores): synthetic chats with checkable answers, a tiny
-# Qwen3, AR SFT from scratch (--ar_only), then block-diffusion conversion through the same CLI.
+# Qwen3, AR SFT from scratch (--recipe ar_sft), then block-diffusion conversion through the same CLI.
 demo: venv
 	rm -rf $(DEMO_DIR)
 	$(PY) -m data.make_demo $(DEMO_DIR)/kit --train 4000 --eval 200 --arch $(DEMO_ARCH)
-	$(PY) train.py --model_id $(DEMO_DIR)/kit/base_model --dataset $(DEMO_DIR)/kit/train.jsonl --ar_only \
+	$(PY) train.py --model_id $(DEMO_DIR)/kit/base_model --dataset $(DEMO_DIR)/kit/train.jsonl --recipe ar_sft \
 		--pack --max_length 512 --micro_batch_size 4 --max_steps 1500 --lr 5e-3 --warmup 50 --log_every 100 \
 		--save_dir $(DEMO_DIR)/ar
 	$(PY) train.py --model_id $(DEMO_DIR)/ar/final --dataset $(DEMO_DIR)/kit/train.jsonl --bd_size 8 \

@@ -7,7 +7,7 @@ Arms (each one `train.py` run on the same base, sized to the budget by a 3-step 
 - `sft`: two-stream SFT on the given data;
 - `sft_self`: two-stream SFT on self-distilled data (`data.self_distill`: the base model's own greedy
   answers to the same prompts, answers cut at the limit dropped);
-- `opd`: on-policy distillation alone (`--opd_on_policy`), prompts from the given data;
+- `opd`: on-policy distillation alone (`--recipe opd`), prompts from the given data;
 - `sft_opd`: 30% of the budget of `sft_self` as a warm start, then OPD for the rest;
 - `sft_draft`: `sft` with a draft-only LoRA adapter (`--lora-flags`): the base weights stay as they are.
 Every checkpoint (and the base, causal only) is then evaluated on the held-out prompts side by side
@@ -123,7 +123,7 @@ def run(args) -> list[dict]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     budget = args.budget_min * 60
-    opd = ["--opd_on_policy", *shlex.split(args.opd_flags)]
+    opd = ["--recipe", "opd", *shlex.split(args.opd_flags)]
     prompts = Path(args.prompts) if args.prompts else _prompts_file(Path(args.sft_data), out)
     self_data = Path(args.self_distilled) if args.self_distilled else out / "self_distilled.jsonl"
     rows = []

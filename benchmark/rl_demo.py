@@ -3,7 +3,7 @@
     python -m benchmark.rl_demo --start runs/demo/bd-short/final --data runs/demo/kit/train.jsonl \\
         --heldout runs/demo/kit/eval.jsonl --threshold 0.5 --minutes 10 --sft-baseline --out runs/demo/rl
 
-Trains a converted checkpoint with `train.py --rl_diffusion_rollout` (reward: the exact answer, diffusion
+Trains a converted checkpoint with `train.py --recipe rl` (reward: the exact answer, diffusion
 rollouts at the commit `--threshold` that will be served, GRPO with DAPO's clip-higher, token-level loss and
 dynamic sampling) for the number of steps that fits `--minutes` (sized by a 2-step calibration run), then
 evaluates the start and the result on the held-out problems in every decode mode, in process, greedy
@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RL_FLAGS = (
-    "--rl_diffusion_rollout --rl_reward exact --rl_group_size 8 --rl_prompts_per_step 4 --rl_max_new_tokens 32 "
+    "--recipe rl --rl_reward exact --rl_group_size 8 --rl_prompts_per_step 4 --rl_max_new_tokens 32 "
     "--rl_clip_high 0.28 --rl_token_level --rl_dynamic_sampling --rl_temperature 1.0 --lr 1e-4 --warmup 2"
 )
 # the demo conversion's own recipe (Makefile `demo`), continued from the start checkpoint

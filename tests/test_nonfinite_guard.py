@@ -3,6 +3,7 @@
 row stop the run with one line, a save of non-finite weights is refused with nothing written, and a reward
 that returns NaN, text or raises stops `train.py` with a line that names `--rl_reward`."""
 
+import json
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from tests.conftest import in_process_trainer, read_metrics, train_py_error
 from tests.train_args import train_args
 from train.checkpoint import LATEST
 from train.config import FlagError
+from train.trainer import SupervisedOnly
 
 pytestmark = pytest.mark.e2e  # builds the trainer and runs train.py
 
@@ -41,6 +43,8 @@ def _adam_moments(trainer):
 def test_a_nonfinite_step_is_skipped_counted_and_the_run_goes_on(demo_kit, tmp_path):
     run = tmp_path / "run"
     with _trainer(demo_kit, run, max_steps=3) as trainer:
+        assert isinstance(trainer.recipe, SupervisedOnly) and trainer.config.training.recipe == "sft"
+        assert json.loads((run / "run_config.json").read_text())["recipe"] == "sft"
         _poison_sft_at(trainer, {1})
         first = trainer.train_step()
         assert not first.skipped and math.isfinite(first.loss)
@@ -99,3 +103,4 @@ def test_a_bad_reward_stops_train_py_with_one_line_and_no_checkpoint(demo_kit, t
     assert last.startswith("train.py: error: --rl_reward: the reward tests.rl_task:") and says in last, last
     assert not any("Traceback" in line for line in lines), lines
     assert not (run / "final").exists()
+    assert json.loads((run / "run_config.json").read_text())["recipe"] == "rl"  # --rl_diffusion_rollout's

@@ -2,6 +2,8 @@
 serving engine on the same weights; runs report the OPD metrics; ranks with rollouts of different
 lengths stay in lockstep; a resumed run continues the uninterrupted one exactly."""
 
+import json
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from bdcore.loading import load_checkpoint
 from inference.native.engine import Engine
 from tests.conftest import in_process_trainer, read_metrics, run_train, train_py_error
 from tests.train_args import train_args
+from train.opd_trainer import OnPolicyDistiller
 from train.rollout import student_rollouts
 
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
@@ -24,8 +27,10 @@ def test_trainer_rollouts_equal_the_engine_on_the_same_weights(kit, request, tmp
     with in_process_trainer(train_args(kit, tmp_path / "run", max_steps=2, **OPD)) as trainer:
         trainer.train_step()  # the student moves away from its starting weights first
         saved = trainer.save("after_one_step")
-        prompts = trainer.opd.prompts[:4]
-        opd = trainer.opd
+        opd = trainer.recipe
+        assert isinstance(opd, OnPolicyDistiller) and opd.sft_weight == 0.0  # --opd_on_policy is --recipe opd
+        assert json.loads((tmp_path / "run" / "run_config.json").read_text())["recipe"] == "opd"
+        prompts = opd.prompts[:4]
         got = student_rollouts(
             trainer.model,
             prompts,

@@ -42,4 +42,4 @@ def test_rl_demo_prints_before_and_after(demo_kit, tmp_path, capsys):
     sft_mean = sum(r["step_time_s"] for r in sft_calibration[1:]) / 2
     assert saved["sft_steps"] == max(2, int(saved["wall_s"] / sft_mean))
     sft_config = json.loads((tmp_path / "rl" / "sft" / "run_config.json").read_text())
-    assert sft_config["model_id"] == str(start / "final") and not sft_config["rl_diffusion_rollout"]
+    assert sft_config["model_id"] == str(start / "final") and sft_config["recipe"] == "sft"

@@ -50,7 +50,8 @@ def test_torchrun_two_ranks_trains_saves_and_reloads(demo_kit, tmp_path):
 
 def test_ar_only_then_block_diffusion_conversion(demo_kit, tmp_path):
     ar = tmp_path / "ar"
-    run_train(train_args(demo_kit, ar, **COMMON, ar_only=True, max_steps=2))
+    run_train(train_args(demo_kit, ar, **COMMON, recipe="ar_sft", max_steps=2))
+    assert json.loads((ar / "run_config.json").read_text())["recipe"] == "ar_sft"
     assert not (ar / "final" / "block_diffusion.json").exists()
     assert "<|mask|>" not in AutoTokenizer.from_pretrained(ar / "final").get_vocab()
     bd = tmp_path / "bd"
@@ -58,6 +59,7 @@ def test_ar_only_then_block_diffusion_conversion(demo_kit, tmp_path):
     run_train(train_args(demo_kit, bd, **COMMON, **bd_flags))
     sc = read_sidecar(bd / "final")
     assert sc.base_model == str(ar / "final") and sc.within_block_causal
+    assert json.loads((bd / "run_config.json").read_text())["recipe"] == "sft"
     sc.check_tokenizer(AutoTokenizer.from_pretrained(bd / "final"))
 
 

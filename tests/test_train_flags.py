@@ -76,4 +76,4 @@ def test_job_config_places_every_flag_in_one_section():
     assert (config.optim.lr, config.training.max_steps, config.logging.tensorboard) == (2e-3, 1000, True)
     assert config.resume_flags()["bd_size"] == 8
     ar = JobConfig.from_args(parse_args(BASE + ["--ar_only"]))
-    assert ar.diffusion.ar_only and ar.flags()["ar_only"] and ar.flags()["views"] == 0
+    assert ar.diffusion.ar_only and ar.flags()["recipe"] == "ar_sft" and ar.flags()["views"] == 0

@@ -44,6 +44,7 @@ from bdcore.sidecar import Sidecar, write_sidecar
 from bdcore.tokens import MASK_TOKEN
 from train.config import RESUME_MUST_MATCH, SCHEDULE_FLAGS, FlagError, JobConfig
 from train.parallel import DistInfo
+from train.recipes import recipe_of_record
 
 TRAIN_STATE = "train_state"
 LATEST = "latest"
@@ -271,7 +272,7 @@ def check_resume(config: JobConfig) -> ResumePoint | None:
         return None
     ckpt = resolve_resume(config.checkpoint.resume)
     state = read_trainer_state(ckpt)
-    saved, now = state.get("config", {}), config.flags()
+    saved, now = recipe_of_record(state.get("config", {})), config.flags()
 
     def changed(keys):
         return {k: [saved[k], now[k]] for k in keys if k in saved and saved[k] != now[k]}
@@ -292,7 +293,7 @@ def check_resume(config: JobConfig) -> ResumePoint | None:
 
 
 def sidecar_for(config: JobConfig, mask_id: int, global_step: int) -> Sidecar | None:
-    """The block_diffusion.json of a checkpoint of this run; None for --ar_only (a plain AR checkpoint)."""
+    """The block_diffusion.json of a checkpoint of this run; None for --recipe ar_sft (a plain AR checkpoint)."""
     d = config.diffusion
     if d.ar_only:
         return None

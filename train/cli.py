@@ -5,8 +5,24 @@ from __future__ import annotations
 import argparse
 import os
 
+from train.cli_fields import field_flag
 from train.cli_recipes import check_eval, check_model_id, check_opd, check_rl, eval_flags, recipe_flags
-from train.config import FlagError
+from train.config import (
+    LOSS_WEIGHTINGS,
+    OBJECTIVES,
+    RECIPES,
+    BlockDiffusionConfig,
+    CheckpointSection,
+    DataSection,
+    EfficiencySection,
+    FlagError,
+    LoggingSection,
+    LoraSection,
+    ModelSection,
+    OptimSection,
+    TrainingSection,
+)
+from train.recipes import RECIPE_TABLE, recipe_help, refuse_foreign_flags, resolve_recipe
 
 DESCRIPTION = """\
 Convert a pretrained autoregressive causal LM into a block-diffusion LM by supervised fine-tuning.
@@ -20,7 +36,7 @@ step_<N>/ every --save_every steps and final/ at the end; each holds train_state
 """
 
 
-FULL_FT_LR = 1e-5
+FULL_FT_LR = OptimSection.lr
 # A draft adapter leaves the AR head alone, so its rate is free of the AR constraint: on SmolLM2 at 10 CPU
 # minutes 3e-3 drafted best (1e-2 diverged; docs/results.md, "Recipe sweep").
 DRAFT_ADAPTER_LR = 3e-3
@@ -31,54 +47,63 @@ def build_parser() -> argparse.ArgumentParser:
         prog="train.py", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     m = p.add_argument_group("model")
-    m.add_argument("--model_id", required=True, help="HF hub id or local directory of a causal LM")
-    m.add_argument("--trust_remote_code", action="store_true", help="allow custom modeling code from the hub")
-    m.add_argument(
-        "--dtype",
-        default="auto",
+    field_flag(m, ModelSection, "model_id", "HF hub id or local directory of a causal LM")
+    field_flag(m, ModelSection, "trust_remote_code", "allow custom modeling code from the hub")
+    field_flag(
+        m,
+        ModelSection,
+        "dtype",
+        "compute dtype; master weights and optimizer stay fp32 (auto, the default: bf16 on CUDA, fp32 on CPU; bf16 "
+        "on a CPU needs native bf16: AVX512-BF16 or AMX)",
         choices=["auto", "bf16", "fp32"],
-        help="compute dtype; master weights and optimizer stay fp32 (auto: bf16 on CUDA, fp32 on CPU; bf16 on a "
-        "CPU needs native bf16: AVX512-BF16 or AMX)",
     )
-
-    m.add_argument(
-        "--router_aux_loss_coef",
-        type=float,
-        default=None,
-        help="mixture-of-experts models: weight of the router's load-balancing loss, added to the training loss "
+    field_flag(
+        m,
+        ModelSection,
+        "router_aux_loss_coef",
+        "mixture-of-experts models: weight of the router's load-balancing loss, added to the training loss "
         "(default: the model config's router_aux_loss_coef, e.g. 0.001 for Qwen3-MoE; 0 turns it off)",
     )
 
+    r = p.add_argument_group(
+        "recipe",
+        "What the run trains, one choice. A flag of another recipe (--opd_* or --rl_*) set to anything but its "
+        "default is refused by name (train/recipes.py).",
+    )
+    field_flag(r, TrainingSection, "recipe", recipe_help(), resolved=True, choices=RECIPES)
+    for recipe in RECIPE_TABLE.values():
+        if recipe.legacy_flag:
+            r.add_argument(recipe.legacy_flag, action="store_true", help=f"the same as --recipe {recipe.name}")
+
     b = p.add_argument_group("block diffusion")
-    b.add_argument(
-        "--objective",
-        default="two_stream",
-        choices=["two_stream", "single_stream"],
-        help="two_stream (default): clean stream + noised views, shifted targets, an AR head for causal and "
-        "self-spec decoding; single_stream: masked diffusion in one stream, unshifted targets (a masked slot "
-        "predicts its own token), loss at masked slots only, no AR head (diffusion and block-by-block causal "
-        "decoding, no self-spec)",
+    BD = BlockDiffusionConfig
+    field_flag(
+        b,
+        BD,
+        "objective",
+        "the SFT objective. two_stream (default): clean stream + noised views, shifted targets, an AR head for "
+        "causal and self-spec decoding; single_stream (--recipe sft only): masked diffusion in one stream, "
+        "unshifted targets (a masked slot predicts its own token), loss at masked slots only, no AR head "
+        "(diffusion and block-by-block causal decoding, no self-spec)",
+        choices=OBJECTIVES,
     )
-    b.add_argument("--bd_size", type=int, default=32, help="tokens per diffusion block (default 32)")
-    b.add_argument(
-        "--ar_loss_weight",
-        type=float,
-        default=None,
-        help="w in (diff + w*ar)/(1+w); > 0 keeps the clean stream causal and trains the AR head (default 0.2; "
-        "0 with --draft_adapter, whose clean stream is the base model)",
+    field_flag(b, BD, "bd_size", "tokens per diffusion block (default %(default)s)")
+    field_flag(
+        b,
+        BD,
+        "ar_loss_weight",
+        f"w in (diff + w*ar)/(1+w); > 0 keeps the clean stream causal and trains the AR head (default "
+        f"{BD.ar_loss_weight:g}; 0 with --draft_adapter, whose clean stream is the base model)",
+        resolved=True,
     )
-    b.add_argument(
-        "--ar_only", action="store_true", help="plain AR SFT baseline: clean stream only, no <|mask|> token, no sidecar"
-    )
-    b.add_argument("--within_block_causal", action="store_true", help="noised blocks attend causally inside a block")
-    b.add_argument(
-        "--loss_weighting",
-        default="uniform",
-        choices=["uniform", "inverse_rate"],
-        help="diffusion CE weighting (default uniform)",
-    )
-    b.add_argument(
-        "--views", type=int, default=None, help="noised views per row (default 2: complementary masks; two_stream only)"
+    field_flag(b, BD, "within_block_causal", "noised blocks attend causally inside a block")
+    field_flag(b, BD, "loss_weighting", "diffusion CE weighting (default %(default)s)", choices=LOSS_WEIGHTINGS)
+    field_flag(
+        b,
+        BD,
+        "views",
+        f"noised views per row (default {BD.views}: complementary masks; two_stream only)",
+        resolved=True,
     )
 
     lo = p.add_argument_group(
@@ -87,107 +112,108 @@ def build_parser() -> argparse.ArgumentParser:
         "instead of every weight. --draft_adapter applies them only at the rows that draft, so the clean "
         "stream, causal decoding and self-spec verification are the base model bit for bit.",
     )
-    lo.add_argument("--lora_rank", type=int, default=0, help="LoRA rank (default 0: full fine-tuning)")
-    lo.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default 2 x rank)")
-    lo.add_argument(
-        "--lora_targets",
-        default="all-linear",
-        help="projections to adapt: all-linear (default: every linear layer of the decoder) or names, e.g. "
+    field_flag(lo, LoraSection, "lora_rank", "LoRA rank (default %(default)s: full fine-tuning)")
+    field_flag(lo, LoraSection, "lora_alpha", "LoRA alpha (default 2 x rank)")
+    field_flag(
+        lo,
+        LoraSection,
+        "lora_targets",
+        "projections to adapt: all-linear (the default: every linear layer of the decoder) or names, e.g. "
         "q_proj,v_proj",
     )
-    lo.add_argument(
-        "--draft_adapter",
-        action="store_true",
-        help="the adapter acts only at drafting rows; the checkpoint is the base model untouched plus the adapter "
+    field_flag(
+        lo,
+        LoraSection,
+        "draft_adapter",
+        "the adapter acts only at drafting rows; the checkpoint is the base model untouched plus the adapter "
         "(default off: a plain LoRA conversion, saved merged)",
     )
-    lo.add_argument(
-        "--draft_step",
-        choices=["cached", "joint"],
-        default="cached",
-        help="with --draft_adapter: cached (default) runs the frozen clean stream once without grad and trains the "
+    field_flag(
+        lo,
+        LoraSection,
+        "draft_step",
+        "with --draft_adapter: cached (default) runs the frozen clean stream once without grad and trains the "
         "noised views against its keys/values (the same loss and gradients, no backward through the clean "
         "stream; dense models without a router loss); joint runs both streams in one forward",
+        choices=["cached", "joint"],
     )
 
     d = p.add_argument_group("data")
-    d.add_argument("--dataset", required=True, help="a .jsonl file, a directory of .jsonl files, or a HF dataset id")
-    d.add_argument(
-        "--max_length",
-        type=int,
-        default=4096,
-        help="max tokens per training row as the model sees it (clean + noised views); "
+    field_flag(d, DataSection, "dataset", "a .jsonl file, a directory of .jsonl files, or a HF dataset id")
+    field_flag(
+        d,
+        DataSection,
+        "max_length",
+        "max tokens per training row as the model sees it (clean + noised views; default %(default)s); "
         "longer samples are skipped and counted",
     )
-    d.add_argument(
-        "--max_response_length",
-        type=int,
-        default=None,
-        help="skip samples with a longer assistant turn (default: no limit)",
-    )
-    d.add_argument(
-        "--length_buckets",
-        default=None,
-        help="comma-separated row lengths to pad micro-batches to, so shapes repeat (default: "
+    field_flag(d, DataSection, "max_response_length", "skip samples with a longer assistant turn (default: no limit)")
+    field_flag(
+        d,
+        DataSection,
+        "length_buckets",
+        "comma-separated row lengths to pad micro-batches to, so shapes repeat (default: "
         "the longest row rounded up to 64)",
+        type=str,
     )
-    d.add_argument("--pack", action="store_true", help="pack several samples per row (documents stay isolated)")
-    d.add_argument("--multiturn", action="store_true", help="supervise every assistant turn, not only the last")
+    field_flag(d, DataSection, "pack", "pack several samples per row (documents stay isolated)")
+    field_flag(d, DataSection, "multiturn", "supervise every assistant turn, not only the last")
 
     o = p.add_argument_group("optimisation")
-    o.add_argument("--micro_batch_size", type=int, default=1, help="rows per rank per micro-step")
-    o.add_argument("--grad_accum", type=int, default=1, help="micro-steps per optimizer step")
-    o.add_argument("--max_steps", type=int, default=1000, help="optimizer steps")
-    o.add_argument(
-        "--lr",
-        type=float,
-        default=None,
-        help=f"peak learning rate (default {FULL_FT_LR:g}; {DRAFT_ADAPTER_LR:g} with --draft_adapter, the best "
+    field_flag(o, TrainingSection, "micro_batch_size", "rows per rank per micro-step (default %(default)s)")
+    field_flag(o, TrainingSection, "grad_accum", "micro-steps per optimizer step (default %(default)s)")
+    field_flag(o, TrainingSection, "max_steps", "optimizer steps (default %(default)s)")
+    field_flag(
+        o,
+        OptimSection,
+        "lr",
+        f"peak learning rate (default {FULL_FT_LR:g}; {DRAFT_ADAPTER_LR:g} with --draft_adapter, the best "
         "of a measured sweep on SmolLM2: docs/results.md)",
+        resolved=True,
     )
-    o.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
-    o.add_argument("--lr_min_ratio", type=float, default=0.1, help="cosine floor as a fraction of --lr")
-    o.add_argument("--weight_decay", type=float, default=0.0)
-    o.add_argument("--grad_clip", type=float, default=1.0, help="global gradient-norm clip (0 disables)")
-    o.add_argument(
-        "--max_nonfinite_steps",
-        type=int,
-        default=3,
-        help="a step whose loss or gradient norm is NaN or inf is skipped (no update; counted as skipped_steps in "
-        "metrics.jsonl); this many in a row stop the run with an error (default 3)",
+    field_flag(o, OptimSection, "warmup", "linear warm-up steps (default %(default)s)")
+    field_flag(o, OptimSection, "lr_min_ratio", "cosine floor as a fraction of --lr (default %(default)s)")
+    field_flag(o, OptimSection, "weight_decay", "AdamW weight decay (default %(default)s)")
+    field_flag(o, OptimSection, "grad_clip", "global gradient-norm clip (default %(default)s; 0 disables)")
+    field_flag(
+        o,
+        OptimSection,
+        "max_nonfinite_steps",
+        "a step whose loss or gradient norm is NaN or inf is skipped (no update; counted as skipped_steps in "
+        "metrics.jsonl); this many in a row stop the run with an error (default %(default)s)",
     )
-    o.add_argument("--seed", type=int, default=0, help="data order and noise seed")
+    field_flag(o, TrainingSection, "seed", "data order and noise seed (default %(default)s)")
 
     s = p.add_argument_group("checkpoints and logs")
-    s.add_argument("--save_dir", required=True, help="run directory: checkpoints, metrics.jsonl, config, data stats")
-    s.add_argument("--save_every", type=int, default=0, help="save every N steps (0: only at the end)")
-    s.add_argument(
-        "--resume",
-        default=None,
-        help="checkpoint directory (or a run directory: its latest checkpoint) to continue from",
-    )
-    s.add_argument(
-        "--allow_schedule_change",
-        action="store_true",
-        help="with --resume: accept a --max_steps, --lr, --warmup or --lr_min_ratio that differs from the "
+    C = CheckpointSection
+    field_flag(s, C, "save_dir", "run directory: checkpoints, metrics.jsonl, config, data stats")
+    field_flag(s, C, "save_every", "save every N steps (default %(default)s: only at the end)")
+    field_flag(s, C, "resume", "checkpoint directory (or a run directory: its latest checkpoint) to continue from")
+    field_flag(
+        s,
+        C,
+        "allow_schedule_change",
+        "with --resume: accept a --max_steps, --lr, --warmup or --lr_min_ratio that differs from the "
         "checkpoint's run (the lr schedule changes from the resumed step on; recorded in run_config.json)",
     )
-    s.add_argument("--log_every", type=int, default=1, help="metrics.jsonl / progress-bar interval in steps")
-    s.add_argument("--wandb", default=None, metavar="PROJECT", help="log to Weights & Biases (needs wandb)")
-    s.add_argument("--tensorboard", action="store_true", help="log to save_dir/tb (needs tensorboard)")
+    field_flag(s, LoggingSection, "log_every", "metrics.jsonl / progress-bar interval in steps (default %(default)s)")
+    field_flag(s, LoggingSection, "wandb", "log to Weights & Biases (needs wandb)", metavar="PROJECT")
+    field_flag(s, LoggingSection, "tensorboard", "log to save_dir/tb (needs tensorboard)")
 
     eval_flags(p)
 
     e = p.add_argument_group("efficiency")
-    e.add_argument("--activation_checkpointing", action="store_true", help="recompute each decoder layer in backward")
-    e.add_argument("--activation_offload", action="store_true", help="keep saved activations in host memory (CUDA)")
-    e.add_argument(
-        "--fused_ce",
-        default="auto",
+    E = EfficiencySection
+    field_flag(e, E, "activation_checkpointing", "recompute each decoder layer in backward")
+    field_flag(e, E, "activation_offload", "keep saved activations in host memory (CUDA)")
+    field_flag(
+        e,
+        E,
+        "fused_ce",
+        "Liger fused linear cross entropy (auto, the default: on when CUDA and liger-kernel are present)",
         choices=["auto", "on", "off"],
-        help="Liger fused linear cross entropy (auto: on when CUDA and liger-kernel are present)",
     )
-    e.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
+    field_flag(e, E, "compile", "torch.compile each decoder layer")
 
     recipe_flags(p)
     return p
@@ -199,26 +225,30 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     def bad(flag: str, msg: str):
         raise FlagError(flag, msg)
 
+    chosen_by = resolve_recipe(args, bad)
+    refuse_foreign_flags(args, chosen_by, build_parser().get_default, bad)
+    ar_sft = args.recipe == "ar_sft"
     if args.bd_size < 2:
         bad("--bd_size", f"{args.bd_size} is too small; a block needs a seed and at least one token (use >= 2)")
-    _check_single_stream(args, bad)
-    _check_lora(args, bad)
+    _check_single_stream(args, chosen_by, bad)
+    _check_ar_sft(args, chosen_by, bad)
+    _check_lora(args, chosen_by, bad)
     if args.lr is None:
         args.lr = DRAFT_ADAPTER_LR if args.draft_adapter else FULL_FT_LR
     if args.views is None:
-        args.views = 2
+        args.views = BlockDiffusionConfig.views
     if args.ar_loss_weight < 0:
         bad("--ar_loss_weight", "must be >= 0")
     if args.router_aux_loss_coef is not None and args.router_aux_loss_coef < 0:
         bad("--router_aux_loss_coef", "must be >= 0 (0 turns it off)")
-    if args.views < 1 and not args.ar_only:
-        bad("--views", "use >= 1 (2 is the default), or --ar_only for plain AR SFT")
-    if args.ar_only and args.within_block_causal:
-        bad("--within_block_causal", "has no meaning with --ar_only (there are no noised blocks); drop one")
+    if args.views < 1 and not ar_sft:
+        bad("--views", f"use >= 1 ({BlockDiffusionConfig.views} is the default), or --recipe ar_sft for plain AR SFT")
+    if ar_sft and args.within_block_causal:
+        bad("--within_block_causal", f"has no meaning with {chosen_by} (there are no noised blocks); drop one")
     for flag in ("max_length", "micro_batch_size", "grad_accum", "max_steps", "log_every", "max_nonfinite_steps"):
         if getattr(args, flag) < 1:
             bad(f"--{flag}", f"must be >= 1, got {getattr(args, flag)}")
-    if not args.ar_only and args.max_length < 2 * args.bd_size:
+    if not ar_sft and args.max_length < 2 * args.bd_size:
         bad("--max_length", f"{args.max_length} cannot hold a prompt and one block of {args.bd_size} per view")
     if args.max_response_length is not None and args.max_response_length < 1:
         bad("--max_response_length", "must be >= 1")
@@ -250,23 +280,28 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     check_opd(args, bad)
     check_rl(args, bad)
     check_eval(args, bad)
-    if args.ar_only:
+    if ar_sft:
         args.views, args.ar_loss_weight = 0, 1.0
     return args
 
 
-def _check_single_stream(args, bad) -> None:
-    """The single-stream objective has one stream and no AR head: what needs either is refused by name."""
+def _check_single_stream(args, chosen_by: str, bad) -> None:
+    """The single-stream objective (of --recipe sft) has one stream and no AR head: what needs either is refused
+    by name."""
     if args.objective != "single_stream":
         return
+    recipe_needs = {
+        "ar_sft": "is plain AR SFT; drop one of them",
+        "opd": "distils shifted two-stream students only so far; leave it out",
+        "rl": "scores shifted two-stream trajectories; leave it out",
+    }
+    if args.recipe in recipe_needs:
+        bad(chosen_by, f"does not apply to --objective single_stream: it {recipe_needs[args.recipe]}")
     needs = {
-        "--ar_only": (args.ar_only, "is plain AR SFT; drop one of them"),
         "--ar_loss_weight": (args.ar_loss_weight not in (None, 0), "needs a token-causal clean stream; leave it out"),
         "--views": (args.views not in (None, 1), "counts two-stream noised views; leave it out"),
         "--within_block_causal": (args.within_block_causal, "blocks are bidirectional in it; leave it out"),
         "--draft_adapter": (args.draft_adapter, "needs a clean stream to keep as the base model; leave it out"),
-        "--opd_on_policy": (args.opd_on_policy, "distils shifted two-stream students only so far; leave it out"),
-        "--rl_diffusion_rollout": (args.rl_diffusion_rollout, "scores shifted two-stream trajectories; leave it out"),
     }
     for flag, (given, fix) in needs.items():
         if given:
@@ -274,7 +309,25 @@ def _check_single_stream(args, bad) -> None:
     args.views, args.ar_loss_weight = 1, 0.0
 
 
-def _check_lora(args, bad) -> None:
+def _check_ar_sft(args, chosen_by: str, bad) -> None:
+    """Plain AR SFT has no noised views and no diffusion loss: the flags that shape them would be ignored."""
+    if args.recipe != "ar_sft":
+        return
+    given = {
+        "--views": args.views is not None,
+        "--ar_loss_weight": args.ar_loss_weight is not None,
+        "--loss_weighting": args.loss_weighting != BlockDiffusionConfig.loss_weighting,
+    }
+    for flag, is_given in given.items():
+        if is_given:
+            bad(
+                flag,
+                f"shapes the block-diffusion loss, which {chosen_by} does not train (plain AR SFT: clean stream "
+                "only, AR loss only); leave it out",
+            )
+
+
+def _check_lora(args, chosen_by: str, bad) -> None:
     if args.lora_rank < 0:
         bad("--lora_rank", "must be >= 0 (0: full fine-tuning)")
     if args.lora_rank == 0:
@@ -283,8 +336,8 @@ def _check_lora(args, bad) -> None:
         if args.lora_alpha is not None:
             bad("--lora_alpha", "has no meaning without --lora_rank")
     else:
-        if args.ar_only:
-            bad("--lora_rank", "converts to block diffusion; it has no meaning with --ar_only")
+        if args.recipe == "ar_sft":
+            bad("--lora_rank", f"converts to block diffusion; it has no meaning with {chosen_by}")
         args.lora_alpha = 2.0 * args.lora_rank if args.lora_alpha is None else args.lora_alpha
         if args.lora_alpha <= 0:
             bad("--lora_alpha", "must be > 0")
@@ -298,7 +351,7 @@ def _check_lora(args, bad) -> None:
             bad("--within_block_causal", "is not supported with --draft_adapter yet; leave it out")
         args.ar_loss_weight = 0.0
     elif args.ar_loss_weight is None:
-        args.ar_loss_weight = 0.2
+        args.ar_loss_weight = BlockDiffusionConfig.ar_loss_weight
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -1,5 +1,5 @@
-"""`train.py` flags and start-up checks of the optional parts of a run: on-policy distillation, RL and the
-held-out drafting metric (`train/cli.py` holds the rest). Imports no torch."""
+"""`train.py` flags and start-up checks of the recipes' own flags (`--recipe opd`: on-policy distillation,
+`--recipe rl`) and of the held-out drafting metric (`train/cli.py` holds the rest). Imports no torch."""
 
 from __future__ import annotations
 
@@ -7,43 +7,42 @@ import argparse
 import os
 
 from bdcore.capabilities import MODES, Capabilities
-from train.config import FlagError
+from train.cli_fields import field_flag
+from train.config import EvalSection, FlagError, OPDSection, RLSection
 
 
 def recipe_flags(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group(
-        "on-policy distillation",
+        "on-policy distillation (--recipe opd)",
         "The student decodes dataset prompts in diffusion mode as the server would; the frozen AR teacher "
         "scores the answers; the loss is KL(teacher || student) at the slots each revisited state committed "
         "(or, with --opd_slots masked, at every slot it still masked).",
     )
-    o.add_argument("--opd_on_policy", action="store_true", help="train by on-policy distillation (off: SFT)")
-    o.add_argument("--opd_teacher", default=None, help="the frozen AR teacher (default: --model_id before conversion)")
-    o.add_argument("--opd_threshold", type=float, default=0.9, help="rollout commit threshold (default 0.9)")
-    o.add_argument("--opd_temperature", type=float, default=0.0, help="rollout temperature (default 0: greedy)")
-    o.add_argument("--opd_max_new_tokens", type=int, default=128, help="rollout answer length cap (default 128)")
-    o.add_argument("--opd_prompts_per_step", type=int, default=4, help="rollouts per rank per step (default 4)")
-    o.add_argument(
-        "--opd_states_per_block", type=int, default=1, help="canvas states revisited per block (default 1; 0: all)"
-    )
-    o.add_argument(
-        "--opd_slots",
-        choices=("committed", "masked"),
-        default="committed",
-        help="slots of a revisited state that carry the KL: the ones it committed (default) or every one it "
+    opd = OPDSection
+    field_flag(o, opd, "opd_teacher", "the frozen AR teacher (default: --model_id before conversion)")
+    field_flag(o, opd, "opd_threshold", "rollout commit threshold (default %(default)s)")
+    field_flag(o, opd, "opd_temperature", "rollout temperature (default %(default)s: greedy)")
+    field_flag(o, opd, "opd_max_new_tokens", "rollout answer length cap (default %(default)s)")
+    field_flag(o, opd, "opd_prompts_per_step", "rollouts per rank per step (default %(default)s)")
+    field_flag(o, opd, "opd_states_per_block", "canvas states revisited per block (default %(default)s; 0: all)")
+    field_flag(
+        o,
+        opd,
+        "opd_slots",
+        "slots of a revisited state that carry the KL: the ones it committed (the default) or every one it "
         "still masked (denser: each later-committed slot's distribution in that state, against the teacher's)",
+        choices=("committed", "masked"),
     )
-    o.add_argument(
-        "--opd_ar_weight",
-        type=float,
-        default=None,
-        help="weight of the AR-row KL, which keeps the AR head (the self-spec verifier) on the teacher (default 1 "
-        "when the clean stream is causal: --ar_loss_weight > 0 or --draft_adapter; else 0, and > 0 is refused: "
-        "a block-causal clean row sees the token it would be asked to predict)",
+    field_flag(
+        o,
+        opd,
+        "opd_ar_weight",
+        f"weight of the AR-row KL, which keeps the AR head (the self-spec verifier) on the teacher (default "
+        f"{opd.opd_ar_weight:g} when the clean stream is causal: --ar_loss_weight > 0 or --draft_adapter; else 0, "
+        "and > 0 is refused: a block-causal clean row sees the token it would be asked to predict)",
+        resolved=True,
     )
-    o.add_argument(
-        "--opd_sft_weight", type=float, default=0.0, help="weight of two-stream SFT on dataset rows (default 0)"
-    )
+    field_flag(o, opd, "opd_sft_weight", "weight of two-stream SFT on dataset rows (default %(default)s)")
     _rl_flags(p)
 
 
@@ -55,53 +54,47 @@ def eval_flags(p: argparse.ArgumentParser) -> None:
         "draft_tpf_all (the tokens per forward self-spec would take along the answers) and eval_ar_loss go to "
         "metrics.jsonl and the progress bar.",
     )
-    v.add_argument("--eval_data", default=None, help="chat JSONL whose records end with the assistant's answer")
-    v.add_argument("--eval_every", type=int, default=0, help="steps between evaluations (default 0: at the end only)")
-    v.add_argument("--eval_samples", type=int, default=32, help="answers scored per evaluation (default 32)")
+    field_flag(v, EvalSection, "eval_data", "chat JSONL whose records end with the assistant's answer")
+    field_flag(v, EvalSection, "eval_every", "steps between evaluations (default %(default)s: at the end only)")
+    field_flag(v, EvalSection, "eval_samples", "answers scored per evaluation (default %(default)s)")
 
 
 def _rl_flags(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group(
-        "RL (GRPO/DAPO on the student's rollouts)",
+        "RL (--recipe rl: GRPO/DAPO on the student's rollouts)",
         "The student decodes each dataset prompt --rl_group_size times as the server would (diffusion mode by "
         "default, --rl_rollout_mode), "
         "sampled; the answers are scored against the dataset's reference answers; the clipped policy-gradient "
         "loss uses group-normalised advantages and the trajectory log-probability of train/trajectory.py.",
     )
-    r.add_argument("--rl_diffusion_rollout", action="store_true", help="train by RL on diffusion rollouts (off: SFT)")
-    r.add_argument(
-        "--rl_reward",
-        default="exact",
-        help="exact (answer == reference), gsm8k (last number == the reference's after ####), or "
-        "package.module:function(answer, reference) -> float (default exact)",
+    R = RLSection
+    field_flag(
+        r,
+        R,
+        "rl_reward",
+        "exact (answer == reference), gsm8k (last number == the reference's after ####), or "
+        "package.module:function(answer, reference) -> float (default %(default)s)",
     )
-    r.add_argument("--rl_group_size", type=int, default=8, help="rollouts per prompt, the GRPO group (default 8)")
-    r.add_argument("--rl_prompts_per_step", type=int, default=2, help="prompts per rank per rollout batch (default 2)")
-    r.add_argument("--rl_updates_per_batch", type=int, default=1, help="optimizer steps per rollout batch (default 1)")
-    r.add_argument(
-        "--rl_rollout_mode",
-        choices=MODES,
-        default="diffusion",
-        help="decode mode of the rollouts (default diffusion: the canvas states' log-probs train the drafting "
+    field_flag(r, R, "rl_group_size", "rollouts per prompt, the GRPO group (default %(default)s)")
+    field_flag(r, R, "rl_prompts_per_step", "prompts per rank per rollout batch (default %(default)s)")
+    field_flag(r, R, "rl_updates_per_batch", "optimizer steps per rollout batch (default %(default)s)")
+    field_flag(
+        r,
+        R,
+        "rl_rollout_mode",
+        "decode mode of the rollouts (default %(default)s: the canvas states' log-probs train the drafting "
         "rows; self-spec and causal answers are the AR head's, so their AR log-probs train the clean rows)",
+        choices=MODES,
     )
-    r.add_argument("--rl_temperature", type=float, default=1.0, help="rollout sampling temperature (default 1)")
-    r.add_argument("--rl_threshold", type=float, default=0.9, help="rollout commit threshold (default 0.9)")
-    r.add_argument("--rl_max_new_tokens", type=int, default=128, help="rollout answer length cap (default 128)")
-    r.add_argument("--rl_clip_low", type=float, default=0.2, help="ratio clipped below at 1 - this (default 0.2)")
-    r.add_argument(
-        "--rl_clip_high", type=float, default=0.2, help="ratio clipped above at 1 + this (default 0.2; DAPO: 0.28)"
-    )
-    r.add_argument(
-        "--rl_token_level", action="store_true", help="DAPO: average the loss over tokens (default: per trajectory)"
-    )
-    r.add_argument("--rl_dynamic_sampling", action="store_true", help="DAPO: drop groups whose rewards are all equal")
-    r.add_argument(
-        "--rl_kl_weight", type=float, default=0.0, help="k3 KL to the frozen starting checkpoint (default 0: none)"
-    )
-    r.add_argument(
-        "--rl_sft_weight", type=float, default=0.0, help="weight of two-stream SFT on dataset rows (default 0)"
-    )
+    field_flag(r, R, "rl_temperature", "rollout sampling temperature (default %(default)s)")
+    field_flag(r, R, "rl_threshold", "rollout commit threshold (default %(default)s)")
+    field_flag(r, R, "rl_max_new_tokens", "rollout answer length cap (default %(default)s)")
+    field_flag(r, R, "rl_clip_low", "ratio clipped below at 1 - this (default %(default)s)")
+    field_flag(r, R, "rl_clip_high", "ratio clipped above at 1 + this (default %(default)s; DAPO: 0.28)")
+    field_flag(r, R, "rl_token_level", "DAPO: average the loss over tokens (default: per trajectory)")
+    field_flag(r, R, "rl_dynamic_sampling", "DAPO: drop groups whose rewards are all equal")
+    field_flag(r, R, "rl_kl_weight", "k3 KL to the frozen starting checkpoint (default %(default)s: none)")
+    field_flag(r, R, "rl_sft_weight", "weight of two-stream SFT on dataset rows (default %(default)s)")
 
 
 def check_opd(args, bad) -> None:
@@ -109,8 +102,8 @@ def check_opd(args, bad) -> None:
     # to the rest of its block, so a KL there would train on a leak of the answer.
     causal_clean = args.ar_loss_weight > 0 or args.draft_adapter
     given = args.opd_ar_weight
-    args.opd_ar_weight = (1.0 if causal_clean else 0.0) if given is None else given
-    if not args.opd_on_policy:
+    args.opd_ar_weight = (OPDSection.opd_ar_weight if causal_clean else 0.0) if given is None else given
+    if args.recipe != "opd":
         return
     if given is not None and given > 0 and not causal_clean:
         bad(
@@ -119,8 +112,6 @@ def check_opd(args, bad) -> None:
             "the tokens they would predict; drop --opd_ar_weight (0 is the default here), or keep the clean stream "
             "causal with --ar_loss_weight > 0",
         )
-    if args.ar_only:
-        bad("--opd_on_policy", "distils a block-diffusion student; it has no meaning with --ar_only")
     for flag in ("opd_max_new_tokens", "opd_prompts_per_step"):
         if getattr(args, flag) < 1:
             bad(f"--{flag}", f"must be >= 1, got {getattr(args, flag)}")
@@ -135,10 +126,8 @@ def check_opd(args, bad) -> None:
 
 
 def check_rl(args, bad) -> None:
-    if not args.rl_diffusion_rollout:
+    if args.recipe != "rl":
         return
-    if args.ar_only or args.opd_on_policy:
-        bad("--rl_diffusion_rollout", "trains a block-diffusion policy alone; drop --ar_only / --opd_on_policy")
     for flag in ("rl_group_size", "rl_prompts_per_step", "rl_updates_per_batch", "rl_max_new_tokens"):
         if getattr(args, flag) < 1:
             bad(f"--{flag}", f"must be >= 1, got {getattr(args, flag)}")
@@ -182,8 +171,11 @@ def check_eval(args, bad) -> None:
         return
     if not os.path.isfile(args.eval_data):
         bad("--eval_data", f"{args.eval_data} is not a file; pass a chat JSONL")
-    if args.ar_only or args.objective == "single_stream":
-        bad("--eval_data", "scores self-spec drafting, which --ar_only and --objective single_stream do not train")
+    if args.recipe == "ar_sft" or args.objective == "single_stream":
+        bad(
+            "--eval_data",
+            "scores self-spec drafting, which --recipe ar_sft (--ar_only) and --objective single_stream do not train",
+        )
     if not (args.ar_loss_weight > 0 or args.draft_adapter):
         bad(
             "--eval_data",

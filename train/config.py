@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
+from typing import ClassVar
 
 LOSS_WEIGHTINGS = ("uniform", "inverse_rate")
 # two_stream: clean stream + noised views, shifted targets, an AR head (docs/design.md section 2);
 # single_stream: one stream masked in place, unshifted targets, no AR head (train/single_stream.py).
 OBJECTIVES = ("two_stream", "single_stream")
+# What a run trains (train/recipes.py): block-diffusion SFT, plain AR SFT, on-policy distillation, RL.
+RECIPES = ("sft", "ar_sft", "opd", "rl")
 
 
 class FlagError(ValueError):
@@ -32,7 +35,7 @@ class BlockDiffusionConfig:
 
     `clean_causal=None` resolves to `ar_loss_weight > 0`: the clean stream keeps the AR model's
     causal attention exactly when something (the AR loss) trains it as an AR model.
-    `views=0` is plain AR SFT (the `--ar_only` baseline): clean stream only, AR loss only.
+    `views=0` is plain AR SFT (the `--recipe ar_sft` baseline): clean stream only, AR loss only.
     `objective="single_stream"` masks the one stream in place (`views` is 1, no AR loss, block-causal).
     """
 
@@ -87,12 +90,13 @@ class BlockDiffusionConfig:
 
 
 # What a resumed run must share with the run that wrote the checkpoint: these shape the rows, the
-# noise and the data order, so a change would silently train on a different stream.
-RESUME_MUST_MATCH = (
+# noise and the data order, so a change would silently train on a different stream. A recipe's own
+# fields are its section's RESUME_MUST_MATCH (below).
+_RESUME_MUST_MATCH_COMMON = (
+    "recipe",
     "objective",
     "bd_size",
     "views",
-    "ar_only",
     "within_block_causal",
     "max_length",
     "pack",
@@ -104,15 +108,6 @@ RESUME_MUST_MATCH = (
     "lora_alpha",
     "lora_targets",
     "draft_adapter",
-    "opd_on_policy",
-    "opd_prompts_per_step",
-    "opd_states_per_block",
-    "opd_slots",
-    "rl_diffusion_rollout",
-    "rl_rollout_mode",
-    "rl_group_size",
-    "rl_prompts_per_step",
-    "rl_updates_per_batch",
 )
 # What shapes the learning-rate schedule: a resume may change these only with --allow_schedule_change.
 SCHEDULE_FLAGS = ("max_steps", "lr", "warmup", "lr_min_ratio")
@@ -138,6 +133,7 @@ class DataSection:
 
 @dataclass(frozen=True)
 class TrainingSection:
+    recipe: str = "sft"  # one of RECIPES (train/recipes.py), which maps the older switches (--ar_only ...) here
     micro_batch_size: int = 1  # rows per rank per micro-step
     grad_accum: int = 1  # micro-steps per optimizer step
     max_steps: int = 1000  # optimizer steps
@@ -197,9 +193,11 @@ class LoraSection:
 
 @dataclass(frozen=True)
 class OPDSection:
-    """On-policy distillation (`train/opd.py`): off unless `opd_on_policy`."""
+    """The flags of `--recipe opd`, on-policy distillation (`train/opd.py`)."""
 
-    opd_on_policy: bool = False
+    # what a resume of an OPD run must share: the draws of each step depend on them
+    RESUME_MUST_MATCH: ClassVar = ("opd_prompts_per_step", "opd_states_per_block", "opd_slots")
+
     opd_teacher: str | None = None  # the frozen AR teacher (default: --model_id as loaded, before conversion)
     opd_threshold: float = 0.9  # rollout commit threshold (the server's default)
     opd_temperature: float = 0.0  # rollout sampling temperature (0: greedy, the server's default)
@@ -213,9 +211,11 @@ class OPDSection:
 
 @dataclass(frozen=True)
 class RLSection:
-    """RL with diffusion rollouts (`train/rl_trainer.py`, GRPO/DAPO in `train/grpo.py`): off unless set."""
+    """The flags of `--recipe rl`: GRPO/DAPO on the student's rollouts (`train/rl_trainer.py`, `train/grpo.py`)."""
 
-    rl_diffusion_rollout: bool = False
+    # what a resume of an RL run must share: the draws and the rollout batches depend on them
+    RESUME_MUST_MATCH: ClassVar = ("rl_rollout_mode", "rl_group_size", "rl_prompts_per_step", "rl_updates_per_batch")
+
     rl_reward: str = "exact"  # exact | gsm8k | package.module:function (train/rewards.py)
     rl_group_size: int = 8  # rollouts per prompt (the GRPO group)
     rl_prompts_per_step: int = 2  # prompts per rank per rollout batch
@@ -246,11 +246,11 @@ DIFFUSION_FLAGS = (
     "objective",
     "bd_size",
     "ar_loss_weight",
-    "ar_only",
     "within_block_causal",
     "loss_weighting",
     "views",
 )
+RESUME_MUST_MATCH = _RESUME_MUST_MATCH_COMMON + OPDSection.RESUME_MUST_MATCH + RLSection.RESUME_MUST_MATCH
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""GRPO with DAPO's options, over block-diffusion trajectories (`train.py --rl_diffusion_rollout`).
+"""GRPO with DAPO's options, over block-diffusion trajectories (`train.py --recipe rl`).
 
 Every prompt is rolled out `group_size` times; a rollout's advantage is its reward minus its group's mean,
 divided by the group's standard deviation (GRPO; `scale=False` keeps the plain difference). Dynamic

@@ -1,4 +1,4 @@
-"""One on-policy distillation step inside the trainer (`train.py --opd_on_policy`).
+"""One on-policy distillation step inside the trainer (`train.py --recipe opd`, or `--opd_on_policy`).
 
 Per optimizer step each rank draws `--opd_prompts_per_step` prompts (a generator seeded by seed, rank
 and step, so a resumed run draws what the uninterrupted run drew), the student rolls them out with
@@ -71,9 +71,14 @@ def check_teacher_vocab(teacher, path: str, tokenizer, student_rows: int) -> Non
 
 
 class OnPolicyDistiller:
+    """The step of `--recipe opd` (the trainer's recipe-step interface: `train.trainer.SupervisedOnly`)."""
+
+    loss_metric = "opd_loss"
+
     def __init__(self, config: JobConfig, tokens, samples: list[Sample], info, student_rows: int):
         """`tokens`: the run's `train.build.TokenizerParts`; `student_rows`: the student's output rows."""
         self.config, self.opd = config, config.opd
+        self.sft_weight = self.opd.opd_sft_weight
         self.mask_id, self.filler_id = tokens.special.mask_id, tokens.special.filler_id
         self.stop_ids = stop_ids(tokens.tokenizer)
         self.prompts = [prompt_of(s) for s in samples]

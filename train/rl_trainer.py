@@ -1,4 +1,5 @@
-"""One RL step inside the trainer (`train.py --rl_diffusion_rollout`): GRPO/DAPO on diffusion rollouts.
+"""One RL step inside the trainer (`train.py --recipe rl`, or `--rl_diffusion_rollout`): GRPO/DAPO on the
+student's rollouts (diffusion by default; self-spec or causal with `--rl_rollout_mode`).
 
 Every `--rl_updates_per_batch` optimizer steps each rank draws `--rl_prompts_per_step` prompts (a
 generator seeded by seed, rank and step, so a resumed run draws what the uninterrupted run drew), the
@@ -72,9 +73,15 @@ def load_reference(config: JobConfig, mask_id: int, num_real: int | None, device
 
 
 class DiffusionRL:
+    """The step of `--recipe rl` (the trainer's recipe-step interface: `train.trainer.SupervisedOnly`). Its one
+    piece of state, the current rollout batch, is not saved: a resume starts at a batch boundary."""
+
+    loss_metric = "rl_loss"
+
     def __init__(self, config: JobConfig, tokenizer, mask_id: int, filler_id: int, samples: list[Sample], reference):
         """`reference`: the frozen starting policy as a `TwoStreamLM` for the KL term, or None."""
         self.config, self.rl = config, config.rl
+        self.sft_weight = self.rl.rl_sft_weight
         self.tokenizer, self.mask_id, self.filler_id = tokenizer, mask_id, filler_id
         self.stop_ids = stop_ids(tokenizer)
         references = [reference_text(s, tokenizer) for s in samples]

@@ -26,6 +26,7 @@ from train.noise import noise_generator
 from train.optim import build_optimizer, build_scheduler, fast_forward
 from train.packing import RowStream, bucket_length
 from train.parallel import all_reduce_sum, init_distributed
+from train.recipes import RECIPE_TABLE
 from train.single_stream import batch_builder
 
 
@@ -44,6 +45,21 @@ class StepResult:
     seconds: float
     extra: dict = field(default_factory=dict)  # on-policy distillation metrics (means over ranks)
     skipped: bool = False  # the loss or gradient norm was not finite: no update was applied
+
+
+class SupervisedOnly:
+    """The step of --recipe sft and --recipe ar_sft: the SFT loss alone (what the rows hold tells them apart).
+
+    A recipe's step object has `sft_weight` (the SFT loss's weight in each step), `loss_metric` (the metric
+    its own loss is reported as; None: it has no loss of its own) and `step(lm, step, rank) -> metrics`,
+    which backpropagates that loss. None keeps state for a resume: their draws are seeded by (seed, rank,
+    step); what a resume must share is their config section's RESUME_MUST_MATCH."""
+
+    sft_weight = 1.0
+    loss_metric = None
+
+    def step(self, lm, step: int, rank: int) -> dict[str, float]:
+        return {}
 
 
 class Trainer:
@@ -113,7 +129,7 @@ class Trainer:
             )
         self._router_aux: float | None = None  # the last SFT step's mean router load-balancing loss (MoE)
         try:
-            self.opd, self.rl = self._build_recipe(config, info)
+            self.recipe = self._build_recipe(config, info)
             self.eval = None
             self.last_eval: dict | None = None  # the latest drafting figures, written into each checkpoint
             if config.evaluation.eval_data:
@@ -130,20 +146,22 @@ class Trainer:
         )
 
     def _build_recipe(self, config: JobConfig, info):
-        """The on-policy distiller or the RL step of the run (neither: SFT alone)."""
-        special = self.tokens.special
-        samples = [s for row in self.data.rows for s in row]
-        if config.opd.opd_on_policy:
+        """The step of the run's --recipe: the one place a recipe's name becomes the object the loop runs."""
+        recipe = config.training.recipe
+        if recipe in ("sft", "ar_sft"):  # the rows tell the two apart (config.diffusion.views)
+            return SupervisedOnly()
+        samples = [s for row in self.data.rows for s in row]  # the prompts and references of the rollouts
+        if recipe == "opd":
             from train.opd_trainer import OnPolicyDistiller
 
             rows = self.model.model.get_output_embeddings().weight.shape[0]
-            return OnPolicyDistiller(config, self.tokens, samples, info, rows), None
-        if not config.rl.rl_diffusion_rollout:
-            return None, None
+            return OnPolicyDistiller(config, self.tokens, samples, info, rows)
+        if recipe != "rl":
+            raise ValueError(f"recipe {recipe!r}: no step for it (train/recipes.py lists {list(RECIPE_TABLE)})")
         from train.build import compute_dtype
         from train.rl_trainer import DiffusionRL, load_reference
 
-        reference = None
+        special, reference = self.tokens.special, None
         if config.rl.rl_kl_weight > 0:
             dtype = compute_dtype(config, info) or torch.float32
             reference = load_reference(config, special.mask_id, self.tokens.num_real, info.device, dtype)
@@ -154,28 +172,22 @@ class Trainer:
                 f"warning: --rl_reward {config.rl.rl_reward} cannot score {len(rl.unreadable)} of "
                 f"{len(samples)} references ({why}); RL never draws those samples"
             )
-        return None, rl
+        return rl
 
     def train_step(self) -> StepResult:
-        """Optimizer step `self.step` over `grad_accum` micro-batches (and, with --opd_on_policy, one
-        on-policy distillation step); advances `self.step`."""
+        """Optimizer step `self.step`: the SFT loss over `grad_accum` micro-batches (at the recipe's SFT weight),
+        then the recipe's own step (OPD, RL); advances `self.step`."""
         t0 = time.perf_counter()
-        sft_weight = 1.0
-        if self.opd or self.rl:
-            sft_weight = self.config.opd.opd_sft_weight if self.opd else self.config.rl.rl_sft_weight
+        recipe = self.recipe
         sums = torch.zeros(3, dtype=torch.float64, device=self.info.device)
         counts = (0.0, 0.0, 0.0)
-        if sft_weight > 0:
-            counts = self._sft_backward(sums, sft_weight, sync_last=self.opd is None and self.rl is None)
-        extra = {"router_aux": self._router_aux} if sft_weight > 0 and self._router_aux is not None else {}
-        if self.opd is not None:
+        if recipe.sft_weight > 0:
+            counts = self._sft_backward(sums, recipe.sft_weight, sync_last=recipe.loss_metric is None)
+        extra = {"router_aux": self._router_aux} if recipe.sft_weight > 0 and self._router_aux is not None else {}
+        if recipe.loss_metric is not None:  # its own forwards and backward, after the SFT micro-batches
             self.model.set_requires_gradient_sync(True)
-            extra.update(self.opd.step(self.model, self.step, self.info.rank))
-            sums[0] += extra["opd_loss"]
-        if self.rl is not None:
-            self.model.set_requires_gradient_sync(True)
-            extra.update(self.rl.step(self.model, self.step, self.info.rank))
-            sums[0] += extra["rl_loss"]
+            extra.update(recipe.step(self.model, self.step, self.info.rank))
+            sums[0] += extra[recipe.loss_metric]
         if extra:
             extra = self._mean_over_ranks(extra)
         clip = self.config.optim.grad_clip
