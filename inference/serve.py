@@ -70,7 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     n = p.add_argument_group("native engine")
     n.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    n.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    n.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bf16", "fp16", "fp32"],
+        help="auto: bf16 on CUDA and on CPUs with native bf16 (AVX512-BF16 / AMX), else fp32",
+    )
     n.add_argument("--block-size", type=int, default=None, help="diffusion canvas size (default: trained bd_size)")
     n.add_argument("--threshold", type=float, default=0.9, help="diffusion commit confidence (default 0.9)")
     n.add_argument("--steps", type=int, default=None, help="diffusion denoise steps per block (default: block-1)")
@@ -262,7 +267,7 @@ def run_native(args, extra: list[str]) -> int:
     import uvicorn
 
     from bdcore.decode.config import AUTO
-    from bdcore.loading import CheckpointError, load_checkpoint
+    from bdcore.loading import CheckpointError, load_checkpoint, serving_dtype
     from inference.native.engine import DecodeConfig
     from inference.server import create_app
 
@@ -270,7 +275,7 @@ def run_native(args, extra: list[str]) -> int:
         raise SystemExit("serve.py: error: --max-request-bytes must be >= 1")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        loaded = load_checkpoint(args.model, device=device, dtype=args.dtype)
+        loaded = load_checkpoint(args.model, device=device, dtype=serving_dtype(args.dtype, device))
         decode = DecodeConfig(
             mode=args.mode,
             block_size=args.block_size,

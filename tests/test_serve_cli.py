@@ -147,3 +147,13 @@ def test_native_self_spec_chooses_its_layout_by_default_and_sglang_drafts_fixed(
     tiny_checkpoint(ckpt)
     assert serve.main([str(ckpt), "--mode", "self-spec", "--backend", "sglang", "--dry-run"]) == 0
     assert "--dllm-algorithm" in capsys.readouterr().out
+
+
+def test_serving_dtype_auto_is_bf16_where_the_cpu_has_native_bf16(monkeypatch):
+    from bdcore import loading
+
+    monkeypatch.setattr(loading, "cpu_has_bf16", lambda: True)
+    assert loading.serving_dtype("auto", "cpu") == "bf16" and loading.serving_dtype("fp32", "cpu") == "fp32"
+    assert loading.serving_dtype("auto", "cuda") == "bf16"
+    monkeypatch.setattr(loading, "cpu_has_bf16", lambda: False)
+    assert loading.serving_dtype("auto", "cpu") == "fp32" and loading.serving_dtype("bf16", "cpu") == "bf16"

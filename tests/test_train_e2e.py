@@ -7,10 +7,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bdcore.loading import cpu_has_bf16
 from bdcore.sidecar import read_sidecar
 from tests.conftest import run_train
 from tests.train_args import train_args
-from train.build import cpu_has_bf16
 
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from train.build import cpu_has_bf16
+from bdcore.loading import cpu_has_bf16
 
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
 

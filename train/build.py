@@ -13,6 +13,7 @@ import torch
 
 from bdcore.draft_adapter import add_lora, recompute_context
 from bdcore.gated_delta import is_hybrid
+from bdcore.loading import cpu_has_bf16
 from train.config import FlagError, JobConfig, first_line
 from train.data import DataError, DataStats, load_samples
 from train.loss import liger_available
@@ -44,14 +45,6 @@ def check_runtime(config: JobConfig, info: DistInfo) -> None:
         raise FlagError(
             "--dtype bf16", "this CPU has no native bf16 (AVX512-BF16 or AMX), where bf16 is slower; use fp32"
         )
-
-
-def cpu_has_bf16() -> bool:
-    """Native bf16 matrix units (AVX512-BF16 / AMX), as oneDNN reports them."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def compute_dtype(config: JobConfig, info: DistInfo) -> torch.dtype | None:
