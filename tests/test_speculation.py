@@ -210,6 +210,23 @@ def test_policy_by_case():
     assert SpeculationPolicy(free).choose([[0.9] * 7], fixed)[0] == Layout(3, 3, 0)
 
 
+def test_step_overhead_outside_the_forward_favours_drafting():
+    """Rows cost enough that causal steps win on forward time alone; a fixed cost per step (taking logits,
+    a server's streaming) makes fewer, fuller forwards pay, by the simulation's own count of forwards."""
+    cost = RowCost({1: 1.0, 2: 1.5, 16: 4.0, 64: 12.0})
+    rates = [0.5] * 7
+    opts = layouts(7, "auto", None)
+    assert SpeculationPolicy(cost).choose([rates], [opts])[0] == Layout(0, 0, 0)
+    busy = SpeculationPolicy(cost, overhead=3.0)
+    (picked,) = busy.choose([rates], [opts])
+
+    def with_overhead(rows):
+        return cost(rows) + 3.0
+
+    speeds = {o: _simulated_speed(o, rates, with_overhead) for o in opts}
+    assert picked.drafts > 0 and speeds[picked] >= 0.97 * max(speeds.values())
+
+
 def test_batch_policy_drafts_less_when_the_batch_fills_the_forward():
     """Rows nearly free up to 64, then linear in rows: alone, a request drafts with every canvas; in a
     batch of 16 the same rows would cost 16x, so the choice shrinks."""
@@ -355,6 +372,23 @@ def test_cost_measurement_is_cached_per_checkpoint(checkpoint, monkeypatch, tmp_
     assert sorted(load_or_calibrate(runner, checkpoint).points) == sorted(first.points)  # a damaged file: again
 
 
+def test_calibration_times_rounds_until_enough_time_is_measured():
+    """Fast forwards are timed in more rounds (up to max_rounds), every size in every round."""
+    import types
+
+    calls = []
+    runner = types.SimpleNamespace(
+        model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=50)),
+        device=types.SimpleNamespace(type="cpu"),
+        forward=lambda batch: calls.append(len(batch[0][1].rows.tokens)),
+    )
+    calibrate(runner, sizes=(1, 4), context=8, repeats=2, min_seconds=0.0)
+    assert calls == [8] + [1, 4] * 3  # the cache's prefill, a warm-up round, `repeats` timed rounds
+    calls.clear()
+    calibrate(runner, sizes=(1, 4), context=8, repeats=2, min_seconds=60.0, max_rounds=5)
+    assert calls == [8] + [1, 4] * 6  # instant forwards never add up to a minute: max_rounds timed rounds
+
+
 def test_calibration_times_forwards_by_rows(checkpoint):
     runner = Engine(load_checkpoint(checkpoint)).runner
     cost = calibrate(runner, sizes=(1, 64), context=8, repeats=1)
@@ -396,8 +430,20 @@ def test_a_request_that_went_causal_drafts_again_after_a_while():
     spec = Speculation(RowCost({1: 1.0, 2: 3.0}), prior=[0.01])
     spec.attach(decoder, AutoDraft(3, "auto", None))
     picks = []
-    for _ in range(PROBE_EVERY + 2):
+    for _ in range(PROBE_EVERY + 3):
         spec.plan([decoder], [])
         picks.append(decoder.layout.drafts)
     assert picks[:PROBE_EVERY] == [0] * PROBE_EVERY
-    assert picks[PROBE_EVERY] > 0 and picks[PROBE_EVERY + 1] == 0
+    # the probe drafts, then verifies those drafts (a causal step would drop them unseen), then goes causal
+    assert picks[PROBE_EVERY] > 0 and picks[PROBE_EVERY + 1] > 0 and picks[PROBE_EVERY + 2] == 0
+
+    # counted over the engine: requests of 3 steps each still probe after PROBE_EVERY causal steps in all
+    spec = Speculation(RowCost({1: 1.0, 2: 3.0}), prior=[0.01])
+    picks = []
+    for step in range(PROBE_EVERY + 1):
+        if step % 3 == 0:
+            decoder = SelfSpecDecoder(seq, draft_len=4)
+            spec.attach(decoder, AutoDraft(3, "auto", None))
+        spec.plan([decoder], [])
+        picks.append(decoder.layout.drafts)
+    assert picks[:PROBE_EVERY] == [0] * PROBE_EVERY and picks[PROBE_EVERY] > 0

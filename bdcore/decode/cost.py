@@ -84,27 +84,33 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def calibrate(runner, *, sizes=SIZES, context: int = CONTEXT, repeats: int = 3) -> RowCost:
-    """Median seconds of `repeats` forwards of each row count in `sizes` (clean rows, none kept) after one
-    untimed warm-up, over a cache of `context` tokens, on `runner`'s model and device (`RowCost` fits a
-    non-decreasing curve through them)."""
+def calibrate(
+    runner, *, sizes=SIZES, context: int = CONTEXT, repeats: int = 3, min_seconds: float = 0.5, max_rounds: int = 25
+) -> RowCost:
+    """Median seconds of each row count in `sizes` (clean rows, none kept) over a cache of `context` tokens,
+    on `runner`'s model and device (`RowCost` fits a non-decreasing curve through them). The sizes are
+    timed in rounds, one forward of each per round after an untimed warm-up round, so a burst of load hits
+    every size alike; rounds go on until each size has `repeats` timings and the timed forwards add up to
+    `min_seconds` (at most `max_rounds`): three timings of a 2 ms forward once made 64 rows look cheaper
+    than one."""
     vocab = runner.model.config.vocab_size
     cache = SequenceCache()
     tokens = [(7 * i + 3) % vocab for i in range(context + max(sizes))]
     runner.forward([(cache, Forward(Rows().clean(tokens[:context], 0), context))])
-    points = {}
-    for r in sizes:
-        times = []
-        for rep in range(repeats + 1):
+    times: dict[int, list[float]] = {r: [] for r in sizes}
+    total, rounds = 0.0, 0
+    while rounds <= repeats or (total < min_seconds and rounds <= max_rounds):
+        for r in sizes:
             op = Forward(Rows().clean(tokens[context : context + r], context), 0)
             _sync(runner.device)
             t = time.perf_counter()
             runner.forward([(cache, op)])
             _sync(runner.device)
-            if rep:  # the first is a warm-up
-                times.append(time.perf_counter() - t)
-        points[r] = sorted(times)[len(times) // 2]
-    return RowCost(points)
+            if rounds:  # the first round is a warm-up
+                times[r].append(time.perf_counter() - t)
+                total += times[r][-1]
+        rounds += 1
+    return RowCost({r: sorted(ts)[len(ts) // 2] for r, ts in times.items()})
 
 
 def cache_key(checkpoint: str | os.PathLike, device: torch.device, dtype: torch.dtype) -> str:

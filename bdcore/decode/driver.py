@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-from bdcore.decode.cost import RowCost
+from bdcore.decode.cost import LIVE_WEIGHT, RowCost
 from bdcore.decode.modes import Decoder, SelfSpecDecoder
 from bdcore.decode.speculation import PROBE_EVERY, AutoDraft, DraftAcceptance, Layout, SpeculationPolicy, layouts
 
@@ -34,13 +34,22 @@ class Speculation:
         self.cost = cost
         self.pooled = DraftAcceptance.from_prior(prior or [0.5], strength=8.0)
         self.policy = SpeculationPolicy(cost)
+        self.overhead = 0.0  # seconds a decode step spends outside its forward (moving average)
+        self.causal_run = 0  # planned steps in a row in which no request drafted
+        self.probe_steps = 0  # steps left of a probe (drafting forced)
+
+    def observe_overhead(self, seconds: float) -> None:
+        """Time a decode step spends outside its forward (taking logits, scheduling, a server's streaming):
+        the same for any layout, so it favours fewer, fuller forwards. A gap longer than a few forwards is an
+        idle wait, not overhead."""
+        if 0 <= seconds <= 4 * self.cost(1):
+            self.overhead += LIVE_WEIGHT * (seconds - self.overhead)
 
     def attach(self, decoder: SelfSpecDecoder, auto: AutoDraft) -> None:
         """Leave `decoder`'s layouts to this policy, within `auto`."""
         decoder.auto = auto
         decoder.options = layouts(auto.max_drafts, auto.canvases, auto.fixed_drafts)
         decoder.estimate = DraftAcceptance.starting_from(self.pooled, auto.max_drafts, strength=4.0)
-        decoder.causal_run = 0
 
     def plan(self, auto: list[SelfSpecDecoder], fixed_rows: list[int]) -> None:
         """Set the layout of every attached self-spec decoder in `auto` for the coming forward, which also
@@ -48,16 +57,22 @@ class Speculation:
         if not auto:
             return
         other_rows = max(fixed_rows, default=1)
+        if self.causal_run >= PROBE_EVERY:  # re-measure acceptance now and then, or causal is forever:
+            self.probe_steps = 2  # a step that drafts, then one that verifies those drafts
         options = []
         for d in auto:
             opts = d.options
-            if d.causal_run >= PROBE_EVERY:  # re-measure acceptance now and then, or causal is forever
+            if self.probe_steps > 0:
                 opts = [o for o in opts if o.drafts > 0] or opts
             options.append(opts)
+        self.probe_steps = max(self.probe_steps - 1, 0)
         rates = [d.estimate.rates(d.auto.max_drafts) for d in auto]
+        self.policy.overhead = self.overhead
         for d, layout in zip(auto, self.policy.choose(rates, options, others=len(fixed_rows), other_rows=other_rows)):
             d.layout = layout
-            d.causal_run = d.causal_run + 1 if layout.canvas == 0 else 0
+        # Counted over the engine, not per request: requests shorter than PROBE_EVERY steps would never probe.
+        drafted = any(d.layout.canvas for d in auto)
+        self.causal_run = 0 if drafted else self.causal_run + 1
 
     def observe(self, decoders: list[Decoder]) -> None:
         """Pool what this forward's verify steps accepted."""
@@ -78,6 +93,7 @@ class DecodeDriver:
         # Called after every forward with (rows: batch x longest row list, seconds, decoding: no prompt in it),
         # e.g. the server's /metrics histograms.
         self.observers: list = []
+        self._last_decode_end: float | None = None  # when the last decode forward (no prompt in it) ended
 
     def forward(self, decoders: list[Decoder]) -> list[torch.Tensor]:
         """The logits of every decoder's next forward, run as one runner call."""
@@ -97,10 +113,14 @@ class DecodeDriver:
             return logits
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)
-        seconds = time.perf_counter() - start
+        end = time.perf_counter()
+        seconds = end - start
         rows = len(batch) * max(len(op.rows.tokens) for _, op in batch)
         if self.speculation is not None and decoding:
             self.speculation.cost.observe(rows, seconds)
+            if self._last_decode_end is not None:  # the step's time outside the forward, since the last one
+                self.speculation.observe_overhead(start - self._last_decode_end)
+        self._last_decode_end = end if decoding else None
         for observe in self.observers:
             observe(rows, seconds, decoding)
         return logits

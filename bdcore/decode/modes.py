@@ -205,7 +205,6 @@ class SelfSpecDecoder(Decoder):
         self.auto: AutoDraft | None = None  # set with the next three by a driver whose policy picks layouts
         self.options: list[Layout] = []  # the layouts it may pick
         self.estimate: DraftAcceptance | None = None  # this request's acceptance
-        self.causal_run = 0  # causal steps in a row (the policy drafts again after a while, to re-measure)
         self.last_verify: tuple[int, int, bool] | None = None  # (drafts verified, accepted, were they stale)
         self.stale = False  # the drafts in hand came from a canvas after a rejected draft
         self.c = len(seq.prompt_ids)  # cached tokens; the pending token sits at position c

@@ -275,8 +275,9 @@ class SpeculationPolicy:
     count Q, each sequence takes its best tokens per forward within Q rows, and the Q with the most tokens
     per second for the batch wins."""
 
-    def __init__(self, cost):
+    def __init__(self, cost, overhead: float = 0.0):
         self.cost = cost
+        self.overhead = overhead  # seconds a step spends outside its forward (the driver measures it)
 
     def choose(
         self, rates: list[DraftRates | list[float]], options: list[list[Layout]], others: int = 0, other_rows: int = 1
@@ -290,7 +291,8 @@ class SpeculationPolicy:
 
             def speed(o: Layout) -> float:
                 c = _cycle(o, *chains)
-                return c.tokens / (self.cost(c.verify_rows) + c.p_cold * self.cost(c.cold_rows))
+                seconds = self.cost(c.verify_rows) + c.p_cold * self.cost(c.cold_rows) + c.forwards * self.overhead
+                return c.tokens / seconds
 
             return [max(options[0], key=speed)]
         cycles = []
@@ -307,7 +309,7 @@ class SpeculationPolicy:
                 fit = [oc for oc in opts if oc[0].rows <= cap]
                 picks.append(max(fit, key=lambda oc: oc[1].tokens_per_forward) if fit else min(opts, key=_rows))
             tokens = sum(c.tokens_per_forward for _, c in picks) + others
-            speed = tokens / self.cost(batch * max([floor] + [o.rows for o, _ in picks]))
+            speed = tokens / (self.cost(batch * max([floor] + [o.rows for o, _ in picks])) + self.overhead)
             if speed > best_speed:
                 best, best_speed = [o for o, _ in picks], speed
         return best
