@@ -12,6 +12,10 @@ causal, the share of outputs identical to causal decoding (lossless: must be 100
 `benchmark.conversion_eval.stock_greedy`, the Hugging Face model's own greedy loop, so the engine's causal
 variant is held to it as well), how many drafts were accepted per verify and how many tokens each forward
 drafted. The last lines compare `auto` with causal and with the best fixed variant.
+
+The model runs in the dtype `serve.py` loads (`--dtype auto`: bf16 on a CPU with native bf16), and the prompts
+are cut into `--rounds` slices that every variant runs in turn, so that a change in the machine's speed during
+the run falls on all of them alike.
 """
 
 from __future__ import annotations
@@ -40,21 +44,29 @@ def variants(draft_len: int | None, draft_lens: list[int]) -> dict[str, dict]:
     return out
 
 
-def _run(engine, prompts, params, concurrency: int):
-    """Every prompt's generation and the wall time, one at a time or `concurrency` in flight."""
+def _generator(engine, concurrency: int):
+    """A function running a list of prompts on `engine` (one at a time, or `concurrency` in flight on the
+    batched scheduler, warmed up once here), returning the generations and the wall time."""
     if concurrency == 1:
-        start = time.perf_counter()
-        return [engine.generate(ids, params) for ids in prompts], time.perf_counter() - start
+
+        def one_at_a_time(prompts, params):
+            start = time.perf_counter()
+            return [engine.generate(ids, params) for ids in prompts], time.perf_counter() - start
+
+        return one_at_a_time
     from concurrent.futures import ThreadPoolExecutor
 
     from inference.native.scheduler import Scheduler
 
     scheduler = Scheduler(engine, max_batch=concurrency)
-    with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(lambda ids: scheduler.generate(ids, params), prompts[:concurrency]))  # warm-up, not timed
-        start = time.perf_counter()
-        outs = list(pool.map(lambda ids: scheduler.generate(ids, params), prompts))
-    return outs, time.perf_counter() - start
+
+    def batched(prompts, params):
+        with ThreadPoolExecutor(concurrency) as pool:
+            start = time.perf_counter()
+            outs = list(pool.map(lambda ids: scheduler.generate(ids, params), prompts))
+        return outs, time.perf_counter() - start
+
+    return batched
 
 
 def measure(
@@ -67,22 +79,26 @@ def measure(
     draft_lens: list[int] = (),
     concurrency: int = 1,
     only: list[str] = (),
+    dtype: str = "auto",
+    rounds: int = 1,
 ) -> list[dict]:
+    """Every variant over the same prompts. With `rounds` R the prompts are cut into R slices and each slice
+    runs every variant in turn (the order rotating by slice), so a drift of the machine's speed during the
+    run (another process, thermal, memory) is shared by the variants instead of landing on one."""
     from transformers import AutoTokenizer
 
     from bdcore.decode.config import DecodeConfig
     from bdcore.decode.sampling import SamplingParams
-    from bdcore.loading import load_checkpoint
+    from bdcore.loading import load_checkpoint, serving_dtype
     from benchmark.conversion_eval import load_heldout, stock_greedy
     from inference.native.engine import Engine
 
-    loaded = load_checkpoint(checkpoint)
+    loaded = load_checkpoint(checkpoint, dtype=serving_dtype(dtype, "cpu"))
     heldout = load_heldout(heldout_path, AutoTokenizer.from_pretrained(checkpoint), limit)
     causal = [  # before any Engine exists: an engine binds its decode forward to hybrid layers
         stock_greedy(loaded.model, ids, max_tokens=max_tokens, stop_ids=loaded.stop_ids, banned=loaded.mask_id)
         for ids in heldout.prompt_ids
     ]
-    rows = []
     params = SamplingParams(max_tokens=max_tokens)
     chosen = variants(draft_len, list(draft_lens))
     unknown = sorted(set(only) - set(chosen))
@@ -90,21 +106,37 @@ def measure(
         raise SystemExit(f"--variants: unknown {unknown}; choose from {list(chosen)}")
     if only:  # causal first: the table's ratios are to it
         chosen = {k: v for k, v in chosen.items() if k == "causal" or k in only}
+    prompts = heldout.prompt_ids
+    run = {}
     for name, settings in chosen.items():
         engine = Engine(loaded, DecodeConfig(**settings))  # an auto variant measures its row cost here (cached)
-        engine.generate(heldout.prompt_ids[0], params)  # warm-up, not timed
-        outs, wall = _run(engine, heldout.prompt_ids, params, concurrency)
-        generated, forwards = sum(g.stats.generated for g in outs), sum(g.stats.forwards for g in outs)
+        run[name] = _generator(engine, concurrency)
+        run[name](prompts[:concurrency], params)  # warm-up, not timed
+    rounds = max(1, min(rounds, len(prompts) // concurrency))
+    slices = [range(i * len(prompts) // rounds, (i + 1) * len(prompts) // rounds) for i in range(rounds)]
+    outs = {name: [None] * len(prompts) for name in chosen}
+    wall = dict.fromkeys(chosen, 0.0)
+    names = list(chosen)
+    for r, part in enumerate(slices):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            got, seconds = run[name]([prompts[i] for i in part], params)
+            wall[name] += seconds
+            for i, g in zip(part, got):
+                outs[name][i] = g
+    rows = []
+    for name in chosen:
+        gens = outs[name]
+        generated, forwards = sum(g.stats.generated for g in gens), sum(g.stats.forwards for g in gens)
         accepted, drafted = Counter(), Counter()
-        for g in outs:
+        for g in gens:
             accepted.update(g.stats.accepted)
             drafted.update(g.stats.drafted)
         rows.append(
             {
                 "variant": name,
                 "tokens_per_forward": generated / forwards,
-                "tok_s": generated / wall,
-                "same_as_causal": sum(g.tokens == c for g, c in zip(outs, causal)) / len(outs),
+                "tok_s": generated / wall[name],
+                "same_as_causal": sum(g.tokens == c for g, c in zip(gens, causal)) / len(gens),
                 "forwards": forwards,
                 "accepted": dict(sorted(accepted.items())),
                 "drafted": dict(sorted(drafted.items())),
@@ -137,6 +169,8 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
+    from bdcore.loading import serving_dtype
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a block-diffusion checkpoint with a causal AR head (clean_causal: true)")
     p.add_argument("--heldout", required=True, help="chat JSONL or HumanEval-style prompts")
@@ -157,8 +191,25 @@ def main(argv=None) -> int:
         help="only these variants (comma list of names as the table prints them, e.g. 'self-spec auto,self-spec "
         "last N=3'); causal always runs (default: all)",
     )
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="weights and activations (default auto: what serve.py loads, bf16 on a CPU with native bf16)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="cut the prompts into this many slices, each run by every variant in turn, so that a drift in "
+        "the machine's speed is shared (default 5; fewer when the prompts do not fill that many slices of "
+        "--concurrency)",
+    )
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
+    if args.rounds is not None and args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    rounds = args.rounds or 5
     rows = measure(
         Path(args.checkpoint),
         Path(args.heldout),
@@ -168,9 +219,12 @@ def main(argv=None) -> int:
         draft_lens=args.draft_lens,
         concurrency=args.concurrency,
         only=args.variants,
+        dtype=args.dtype,
+        rounds=rounds,
     )
     command = "python -m benchmark.self_spec_canvases " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(f"{command}\n\n{table(rows)}")
+    dtype = serving_dtype(args.dtype, "cpu")
+    print(f"{command}\n\n{dtype}, {rounds} interleaved rounds at most\n\n{table(rows)}")
     if args.json:
         Path(args.json).write_text(json.dumps({"command": command, "rows": rows}, indent=1))
     return 0

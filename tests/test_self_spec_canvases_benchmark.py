@@ -18,7 +18,9 @@ def test_variants_side_by_side_are_lossless(demo_kit, tmp_path, capsys, monkeypa
     ckpt = tiny_checkpoint(tmp_path / "c", bd_size=4)
     out = tmp_path / "r.json"
     argv = [str(ckpt), "--heldout", str(demo_kit / "eval.jsonl"), "--limit", "4", "--max-tokens", "12"]
-    argv += ["--draft-lens", "2,3", "--concurrency", str(concurrency)]
+    # fp32: exact comparison with the stock loop (the default is the serving dtype, bf16 on this CPU); at
+    # concurrency 1 the 4 prompts run in 4 interleaved slices, whose outputs must land back in prompt order
+    argv += ["--draft-lens", "2,3", "--concurrency", str(concurrency), "--dtype", "fp32"]
     assert self_spec_canvases.main([*argv, "--json", str(out)]) == 0
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
     fixed = [f"self-spec {c} N={n}" for n in (2, 3) for c in ("last", "all")]
@@ -38,7 +40,7 @@ def test_variants_filter_keeps_causal_first_and_refuses_unknown_names(demo_kit, 
     ckpt = tiny_checkpoint(tmp_path / "c", bd_size=4)
     out = tmp_path / "r.json"
     argv = [str(ckpt), "--heldout", str(demo_kit / "eval.jsonl"), "--limit", "2", "--max-tokens", "8"]
-    argv += ["--draft-lens", "2", "--json", str(out)]
+    argv += ["--draft-lens", "2", "--json", str(out), "--dtype", "fp32"]
     assert self_spec_canvases.main([*argv, "--variants", "self-spec last N=2,self-spec auto"]) == 0
     rows = [r["variant"] for r in json.loads(out.read_text())["rows"]]
     assert rows == ["causal", "self-spec auto", "self-spec last N=2"]

@@ -9,19 +9,8 @@ cd "$(dirname "$0")/../.."
 VENV=${SGLANG_CONTRACT_VENV:-.venv-sglang}
 WORK=${SGLANG_CONTRACT_WORK:-runs/sglang-contract}
 HERE=benchmark/sglang_contract
-STAMP=$VENV/.contract-installed
-
-if [ ! -f "$STAMP" ] || [ "$HERE/requirements.txt" -nt "$STAMP" ]; then
-    python3 -m venv "$VENV"
-    # SGLang pins a CUDA torch; the pin below keeps every later install on the CPU build.
-    constraints=$(mktemp)
-    echo "torch==2.13.0" >"$constraints"
-    PIP_CONSTRAINT=$constraints "$VENV/bin/pip" install --quiet torch==2.13.0
-    "$VENV/bin/pip" install --quiet --no-deps sglang==0.5.23
-    PIP_CONSTRAINT=$constraints "$VENV/bin/pip" install --quiet -r "$HERE/requirements.txt"
-    rm -f "$constraints"
-    touch "$STAMP"
-fi
+source benchmark/contract_venv.sh
+ensure_contract_venv "$VENV" sglang==0.5.23 "$HERE/requirements.txt"
 
 rm -rf "$WORK"
 mkdir -p "$WORK"

@@ -10,20 +10,8 @@ cd "$(dirname "$0")/../.."
 VENV=${VLLM_CONTRACT_VENV:-.venv-vllm-contract}
 WORK=${VLLM_CONTRACT_WORK:-runs/vllm-contract}
 HERE=benchmark/vllm_contract
-STAMP=$VENV/.contract-installed
-
-if [ ! -f "$STAMP" ] || [ "$HERE/requirements.txt" -nt "$STAMP" ]; then
-    python3 -m venv "$VENV"
-    constraints=$(mktemp)
-    echo "torch==2.13.0" >"$constraints"
-    PIP_CONSTRAINT=$constraints "$VENV/bin/pip" install --quiet torch==2.13.0
-    "$VENV/bin/pip" install --quiet --no-deps vllm==0.33.0
-    PIP_CONSTRAINT=$constraints "$VENV/bin/pip" install --quiet -r "$HERE/requirements.txt"
-    # bdstack itself, for its `vllm.general_plugins` entry point (no dependencies: vLLM's pins rule there).
-    "$VENV/bin/pip" install --quiet --no-deps --no-build-isolation -e .
-    rm -f "$constraints"
-    touch "$STAMP"
-fi
+source benchmark/contract_venv.sh
+ensure_contract_venv "$VENV" vllm==0.33.0 "$HERE/requirements.txt" --editable
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
