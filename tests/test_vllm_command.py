@@ -41,8 +41,8 @@ def test_causal_is_stock_vllm_with_pass_through(capsys, tmp_path):
 def test_self_spec_and_diffusion_carry_the_plugin_settings(capsys, dense):
     cmd = dry_run(capsys, [str(dense), "--mode", "self-spec", "--draft-len", "3"])
     overrides = json.loads(flag(cmd, "--hf-overrides"))
-    assert overrides == {"architectures": [vc.ARCHITECTURE], "canvas_length": 4}  # 2 drafts + 2 masks
-    assert json.loads(flag(cmd, "--diffusion-config"))["canvas_length"] == 4
+    assert overrides == {"architectures": [vc.ARCHITECTURE], "canvas_length": 5}  # pending, 2 drafts, 2 masks
+    assert json.loads(flag(cmd, "--diffusion-config"))["canvas_length"] == 5
     settings = VllmDecodeSettings.from_additional_config(json.loads(flag(cmd, "--additional-config")))
     assert settings.mode == "self-spec" and settings.size == 3 and settings.mask_id >= 0
     assert flag(cmd, "--generation-config") == "vllm" and flag(cmd, "--attention-backend") == "TRITON_ATTN"
@@ -50,7 +50,7 @@ def test_self_spec_and_diffusion_carry_the_plugin_settings(capsys, dense):
     cmd = dry_run(capsys, [str(dense), "--mode", "diffusion", "--threshold", "0.7", "--steps", "2"])
     settings = VllmDecodeSettings.from_additional_config(json.loads(flag(cmd, "--additional-config")))
     assert (settings.mode, settings.size, settings.threshold, settings.steps) == ("diffusion", 4, 0.7, 2)
-    assert json.loads(flag(cmd, "--diffusion-config")) == {"canvas_length": 3, "max_denoising_steps": 2}
+    assert json.loads(flag(cmd, "--diffusion-config")) == {"canvas_length": 4, "max_denoising_steps": 2}
     cmd = dry_run(capsys, [str(dense), "--mode", "diffusion"], ["--", "--max-num-seqs", "2"])
     assert flag(cmd, "--max-num-seqs") == "2"  # the pass-through comes last: it wins
 
@@ -114,7 +114,7 @@ def test_vllm_python_and_child_environment(monkeypatch):
 def test_settings_round_trip_and_validation():
     s = VllmDecodeSettings("diffusion", 4, mask_id=9, end_of_turn_id=1, filler_id=2, steps=None)
     assert VllmDecodeSettings.from_additional_config({"bdstack": s.to_dict()}) == s
-    assert s.denoise_steps == 3 and s.canvas_length == 3 and s.stop_ids == {1, 2}
+    assert s.denoise_steps == 3 and s.canvas_length == 4 and s.stop_ids == {1, 2}
     with pytest.raises(ValueError, match="additional-config"):
         VllmDecodeSettings.from_additional_config({})
     with pytest.raises(ValueError, match="three different"):

@@ -12,7 +12,9 @@ sidecar and tokenizer are read here, and what the plugin needs travels on vLLM's
   and top-p travel in `extra_args` (see README.md);
 - `--attention-backend TRITON_ATTN`, `--enforce-eager`, no prefix caching, no chunked prefill: the Triton
   backend is the one that reads per-request causal flags and bidirectional ranges; the masks change every
-  step (no CUDA graphs); canvas KV is rolled back (never a reusable prefix); the seed is the prompt's last row.
+  step (no CUDA graphs); canvas KV is rolled back (never a reusable prefix); the seed is the prompt's last row;
+- `--no-async-scheduling`: the plugin plans each request's next forward in the step's sampler and checks
+  it against the scheduler's computed-token count, which async scheduling only settles a step later.
 
 Stdlib only at import: serve.py imports this for `--backend auto` without vLLM installed.
 """
@@ -86,7 +88,7 @@ def build_bdstack_command(
     cmd += ["--diffusion-config", _json(diffusion)]
     cmd += ["--additional-config", _json({"bdstack": settings.to_dict()})]
     cmd += ["--generation-config", "vllm", "--attention-backend", "TRITON_ATTN", "--enforce-eager"]
-    cmd += ["--no-enable-prefix-caching", "--no-enable-chunked-prefill"]
+    cmd += ["--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--no-async-scheduling"]
     return cmd + list(extra_args)
 
 

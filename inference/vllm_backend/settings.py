@@ -57,10 +57,10 @@ class VllmDecodeSettings:
 
     @property
     def canvas_length(self) -> int:
-        """Tokens a step schedules after its first one (vLLM's `canvas_length`, its speculative width):
-        self-spec verifies N - 1 drafts and drafts N - 1 more ([pending, drafts, masks]); a diffusion
-        denoise forward is [seed, MASK x (B - 1)]."""
-        return 2 * (self.size - 1) if self.mode == "self-spec" else self.size - 1
+        """Rows of every forward after the prefill (vLLM's `canvas_length`: the drafts it schedules a
+        step, `steps.py`): self-spec's verify forward [pending, N - 1 drafts, N - 1 masks], a diffusion
+        block of B rows (denoise or commit). Narrower forwards are padded to it."""
+        return 2 * self.size - 1 if self.mode == "self-spec" else self.size
 
     def to_dict(self) -> dict:
         return asdict(self)
