@@ -8,7 +8,8 @@ Executed against the real wheel (VLLM_TARGET_DEVICE=cpu, no platform stub): vLLM
 and the config objects the plugin reads (`DiffusionConfig` via `create_diffusion_config`, the
 `--additional-config` dict, `--hf-overrides`); plugin discovery through the `vllm.general_plugins` entry
 point and the VLLM_PLUGINS filter (`load_plugins_by_group`), and `register()` into ModelRegistry; vLLM's
-diffusion request validation (`SamplingParams._validate_diffusion`). Not executed: `create_engine_config`
+diffusion request validation (`SamplingParams._validate_diffusion`); the plugin's ModelState and sampler
+over a fake batch (`model_state.py`). Not executed: `create_engine_config`
 (it inspects the model class in a subprocess, which imports vLLM's GPU model stack: not importable on this
 CPU build), so the names the plugin uses from there are checked in the source (`names.py`).
 """
@@ -23,6 +24,7 @@ import types
 from pathlib import Path
 
 from benchmark.contract_report import Report
+from benchmark.vllm_contract.model_state import check_model_state
 from benchmark.vllm_contract.names import check_source_names
 
 VLLM_VERSION = "0.33.0"
@@ -72,6 +74,7 @@ def check_command(r: Report, parser, case: dict) -> None:
     r.check(engine.generation_config == "vllm" and engine.enforce_eager, f"{name}: generation config, eager")
     r.check(str(engine.attention_backend).endswith("TRITON_ATTN"), f"{name}: Triton attention")
     r.check(engine.enable_prefix_caching is False and engine.enable_chunked_prefill is False, f"{name}: no caching")
+    r.check(engine.async_scheduling is False, f"{name}: no async scheduling")
 
 
 def check_diffusion_validation(r: Report) -> None:
@@ -127,6 +130,7 @@ def main(work: Path) -> int:
     check_source_names(r, Path(vllm.__file__).parent)
     check_plugin_discovery(r)
     check_diffusion_validation(r)
+    check_model_state(r)
     parser = serve_parser()
     cases = json.loads((work / "commands.json").read_text())
     for case in cases:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 # (file, function or Class.method) -> parameters it must take
 PARAMETERS = {
-    ("v1/worker/gpu/attn_utils.py", "build_attn_metadata"): ("causal", "mm_req_doc_ranges", "positions"),
     ("model_executor/models/registry.py", "_ModelRegistry.register_model"): ("model_arch", "model_cls"),
     ("v1/worker/gpu/model_states/interface.py", "ModelState.__init__"): (
         "vllm_config",
@@ -21,6 +20,41 @@ PARAMETERS = {
     ),
     ("v1/worker/gpu/model_states/interface.py", "ModelState.prepare_attn"): ("input_batch", "slot_mappings"),
     ("v1/worker/gpu/model_states/interface.py", "ModelState.custom_sampler"): ("sampler",),
+    # the step glue (model.py; README "The step contract")
+    ("v1/worker/gpu/attn_utils.py", "build_attn_metadata"): (
+        "attn_groups",
+        "num_reqs",
+        "num_tokens",
+        "query_start_loc_gpu",
+        "query_start_loc_cpu",
+        "max_query_len",
+        "seq_lens",
+        "max_seq_len",
+        "block_tables",
+        "slot_mappings",
+        "kv_cache_config",
+        "seq_lens_cpu_upper_bound",
+        "positions",
+        "is_prefilling",
+        "mm_req_doc_ranges",
+        "for_cudagraph_capture",
+        "causal",
+        "req_idx",
+        "ubatch_idx",
+    ),
+    ("v1/worker/gpu/model_states/interface.py", "ModelState.prepare_inputs"): ("input_batch", "req_states"),
+    ("v1/worker/gpu/model_states/interface.py", "ModelState.add_request"): ("req_index", "new_req_data"),
+    ("v1/worker/gpu/model_states/interface.py", "ModelState.remove_request"): ("req_id",),
+    ("v1/worker/gpu/model_states/default.py", "DefaultModelState.prepare_inputs"): ("input_batch", "req_states"),
+    ("v1/worker/gpu/sample/sampler.py", "Sampler.add_request"): ("req_idx", "sampling_params"),
+    ("v1/worker/gpu/sample/sampler.py", "Sampler.apply_staged_writes"): (),
+    ("model_executor/models/qwen3.py", "Qwen3ForCausalLM.forward"): (
+        "input_ids",
+        "positions",
+        "intermediate_tensors",
+        "inputs_embeds",
+    ),
+    ("model_executor/models/qwen3.py", "Qwen3ForCausalLM.compute_logits"): ("hidden_states",),
 }
 # (file) -> source lines that must be present verbatim (stripped)
 STATEMENTS = {
@@ -34,8 +68,49 @@ STATEMENTS = {
         "(query_abs_pos >= range_start) & (query_abs_pos <= range_end) & is_valid",
         "seq_mask |= mm_mask",
     ),
-    "v1/attention/backends/triton_attn.py": ("mm_ranges = common_attn_metadata.mm_req_doc_ranges",),
     "plugins/__init__.py": ('DEFAULT_PLUGINS_GROUP = "vllm.general_plugins"',),
+    # The step contract (README.md): a diffusion model's scheduler keeps len(sampled) of the drafts ...
+    "v1/core/sched/scheduler.py": (
+        "or vllm_config.model_config.is_diffusion",
+        "num_sampled = self.num_sampled_tokens_per_step",
+        "num_accepted = max(len(generated_token_ids) - num_sampled, 0)",
+        "num_rejected = num_draft_tokens - num_accepted",
+        "request.num_computed_tokens -= num_rejected",
+        "request.num_tokens_with_spec",
+    ),
+    # ... the worker keeps query_len - num_rejected; sampled tokens are appended as output ...
+    "v1/worker/gpu/input_batch.py": (
+        "computed_delta = query_len - num_rejected",
+        "logits_start = query_end - num_logits",
+        "num_draft_tokens = num_logits - NUM_NEW_SAMPLED_TOKENS",
+        "input_ids_ptr + query_end - num_draft_tokens + block,",
+        "draft_tokens_ptr + req_state_idx * draft_tokens_stride + block,",
+    ),
+    # ... the runner: our sampler in place of vLLM's, every draft row a logit row, drafts from req_states ...
+    "v1/worker/gpu/model_runner.py": (
+        "custom = self.model_state.custom_sampler(self.sampler)",
+        "self.sampler, self.rejection_sampler = custom",
+        "sampler_output = self.sampler(logits, input_batch)",
+        "num_logits = num_draft_tokens_per_req + num_bonus_tokens",
+        "num_bonus_tokens = self.model_state.num_new_sampled_tokens_per_step",
+        "**self.model_state.prepare_inputs(input_batch, self.req_states),",
+        "draft_tokens = self.req_states.draft_tokens[input_batch.idx_mapping]",
+        "output_bin_counts = self.sampler.penalties_state.output_bin_counts",
+        "attn_metadata = self.model_state.prepare_attn(",
+        "sample_hidden_states = hidden_states[input_batch.logits_indices]",
+    ),
+    # ... the spec width is the diffusion canvas; mm ranges are keyed by batch index
+    "config/vllm.py": ("return self.diffusion_config.canvas_length",),
+    "v1/attention/backends/utils.py": ("mm_prefix_range.get(i, [(0, 0)]) or [(0, 0)] for i in range(num_seqs)",),
+    "v1/worker/gpu/sample/output.py": (
+        "sampled_token_ids: torch.Tensor",
+        "num_sampled: torch.Tensor",
+        "num_rejected: torch.Tensor",
+    ),
+    "v1/attention/backends/triton_attn.py": (
+        "mm_ranges = common_attn_metadata.mm_req_doc_ranges",
+        "mm_prefix_range=mm_prefix_range_tensor,",
+    ),
 }
 
 
