@@ -147,8 +147,13 @@ def test_the_glue_refuses_what_breaks_the_kv_accounting(model):
     fake = torch.zeros(s.canvas_length, full.shape[1])
     with pytest.raises(RuntimeError, match="out of step"):  # vLLM's computed count is not the plan's
         glue.sample([BatchRow("a", s.canvas_length, len(PROMPTS[1]) + 1, False)], fake, None)
-    with pytest.raises(ValueError, match="max_model_len"):  # vLLM cut the drafts short
-        glue.sample([BatchRow("a", 2, len(PROMPTS[1]), False)], fake[:2], None)
+    # vLLM cut the drafts short (max_model_len): the answer ends with end-of-turn, every row rolled back,
+    # and so does any later step vLLM schedules (it stops at end-of-turn: command.py checks)
+    pending = glue.requests["a"].planned.tokens[0]
+    [(emission, drafts)] = glue.sample([BatchRow("a", 2, len(PROMPTS[1]), False)], fake[:2], None)
+    assert (emission.tokens, emission.rejected, drafts) == ([pending, s.end_of_turn_id], 2, None)
+    [(emission, drafts)] = glue.sample([BatchRow("a", 2, len(PROMPTS[1]), False)], fake[:2], None)
+    assert (emission.tokens, emission.rejected, drafts) == ([s.end_of_turn_id], 2, None)
     # vLLM's warmup/dummy requests: nothing sampled, every row rolled back, no drafts
     [(emission, drafts)] = glue.sample([BatchRow("_warmup_0", 3, 0, False)], fake[:3], None)
     assert (emission.tokens, emission.rejected, drafts) == ([], 3, None)

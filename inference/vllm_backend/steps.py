@@ -49,6 +49,7 @@ class CanvasRequest:
         self.req = RequestDecoder(settings, prompt_ids, params, generator)
         self.owed: list[int] = []  # output the decoder produced that vLLM has not been told
         self.planned: Step | None = None  # the next forward; vLLM schedules its rows as drafts
+        self.ended = False  # the answer is complete: every later step reports an end-of-turn
 
     @property
     def finished(self) -> bool:
@@ -85,18 +86,17 @@ class CanvasRequest:
 
     def step(self, logits: torch.Tensor, computed: int) -> Emission:
         """One vLLM step: `logits` [scheduled drafts, V], `computed` = vLLM's computed tokens before it."""
+        if self.ended:  # vLLM did not stop where the decoder did: end-of-turn is a vLLM stop (command.py)
+            return Emission([self.settings.end_of_turn_id], logits.shape[0])
         step = self._planned()
         if computed != step.start:
             raise RuntimeError(
                 f"vLLM computed {computed} tokens of this request, the plugin planned its forward at {step.start}: "
                 "the KV accounting is out of step (async scheduling, prefix caching or preemption?)"
             )
+        if logits.shape[0] < len(step.tokens):  # max_model_len cut the drafts short: the answer ends here
+            return self._end(list(self.owed) + [self.settings.end_of_turn_id], logits.shape[0])
         n = len(step.tokens)
-        if logits.shape[0] < n:
-            raise NotExpressible(
-                f"vLLM scheduled {logits.shape[0]} rows, the forward needs {n} (max_model_len reached: raise "
-                "--max-model-len or lower max_tokens)"
-            )
         return self._after(self.req.take(self._banned(logits[:n])), step, kept=logits.shape[0])
 
     def _after(self, result, step: Step, *, kept: int) -> Emission:
@@ -105,8 +105,7 @@ class CanvasRequest:
         self.owed += result.emitted
         self.planned = None
         if result.finished:  # all of it, now: vLLM ends the request at its stop token or max_tokens
-            tokens, self.owed = self.owed, []
-            return Emission(tokens, max(kept - len(tokens), 0))
+            return self._end(self.owed, max(kept - len(self.owed), 0))
         keep = result.computed - step.start if kept else 0
         tokens, self.owed = self.owed[:keep], self.owed[keep:]
         if tokens != step.tokens[:keep]:
@@ -114,12 +113,13 @@ class CanvasRequest:
         self.planned = self.req.next_step()
         return Emission(tokens, kept - keep)
 
+    def _end(self, tokens: list[int], rejected: int) -> Emission:
+        self.owed, self.planned, self.ended = [], None, True
+        return Emission(tokens, rejected)
+
     def _planned(self) -> Step:
         if self.planned is None:
-            raise RuntimeError(
-                "vLLM scheduled a request the plugin has no forward for (finished, or never prefilled): a stop "
-                "token vLLM does not stop at?"
-            )
+            raise RuntimeError("vLLM scheduled a request the plugin never prefilled")
         return self.planned
 
 
@@ -182,5 +182,5 @@ class StepGlue:
                 p += 1
             else:
                 emission = req.step(rows_logits, r.computed)
-            out.append((emission, None if req.finished else req.drafts()))
+            out.append((emission, None if req.planned is None else req.drafts()))
         return out
