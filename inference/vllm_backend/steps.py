@@ -63,7 +63,7 @@ class CanvasRequest:
     def prefill(self, last_row: torch.Tensor) -> Emission:
         """The prompt's forward, from its last row's logits [V] alone (vLLM gives a diffusion prefill none)."""
         if self.planned is not None:
-            raise RuntimeError("prefill() twice for one request")
+            raise RuntimeError("vLLM prefilled a request twice (preempted?): the plugin cannot resume a decode")
         step = self.req.next_step()
         if step.start != 0 or len(step.tokens) != self.prompt_len or step.attention != AttentionSpec(True, ()):
             raise NotExpressible("the decoder's first forward is not a plain causal prefill of the prompt")
