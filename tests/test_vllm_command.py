@@ -47,6 +47,7 @@ def test_self_spec_and_diffusion_carry_the_plugin_settings(capsys, dense):
     assert settings.mode == "self-spec" and settings.size == 3 and settings.mask_id >= 0
     assert flag(cmd, "--generation-config") == "vllm" and flag(cmd, "--attention-backend") == "TRITON_ATTN"
     assert "--enforce-eager" in cmd and flag(cmd, "--max-num-seqs") == "8"
+    assert "--no-async-scheduling" in cmd  # steps.py checks each step against the scheduler's count
     cmd = dry_run(capsys, [str(dense), "--mode", "diffusion", "--threshold", "0.7", "--steps", "2"])
     settings = VllmDecodeSettings.from_additional_config(json.loads(flag(cmd, "--additional-config")))
     assert (settings.mode, settings.size, settings.threshold, settings.steps) == ("diffusion", 4, 0.7, 2)

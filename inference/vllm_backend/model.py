@@ -15,7 +15,8 @@ and out (README.md, "The step contract", cites every vLLM line relied on):
 - the sampler (`BdstackSampler`): the glue's output as vLLM's `SamplerOutput` (`num_sampled`,
   `num_rejected`), and the next forward's rows written into `req_states.draft_tokens`, which vLLM
   schedules as the next step's drafts.
-Imports vLLM's GPU worker modules: loaded only inside a vLLM worker (the contract check reads it with `ast`).
+Imports vLLM's GPU worker modules, which import on CPU too: the contract check runs this shell there
+(`benchmark/vllm_contract/model_state.py`).
 """
 
 from __future__ import annotations
