@@ -99,6 +99,12 @@ STATEMENTS = {
         "attn_metadata = self.model_state.prepare_attn(",
         "sample_hidden_states = hidden_states[input_batch.logits_indices]",
     ),
+    # ... the engine hands the sampler's drafts to the scheduler after each synchronous step ...
+    "v1/engine/core.py": (
+        "self.use_spec_decode or vllm_config.model_config.is_diffusion",
+        "if self.check_for_draft_tokens and not self.async_scheduling and model_executed:",
+        "self.scheduler.update_draft_token_ids(draft_token_ids)",
+    ),
     # ... the spec width is the diffusion canvas; mm ranges are keyed by batch index
     "config/vllm.py": ("return self.diffusion_config.canvas_length",),
     "v1/attention/backends/utils.py": ("mm_prefix_range.get(i, [(0, 0)]) or [(0, 0)] for i in range(num_seqs)",),
