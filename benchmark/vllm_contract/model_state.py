@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 VOCAB = 64
-SETTINGS = {"mode": "self-spec", "size": 3, "mask_id": 63, "end_of_turn_id": 1, "filler_id": 2}
+SETTINGS = {"mask_id": 63, "end_of_turn_id": 1, "filler_id": 2}
+MODES = (("self-spec", 3), ("diffusion", 4))
 PROMPTS = {"a": [5, 9, 13, 7], "b": [40, 41, 8, 20, 21, 22]}
 
 
@@ -52,6 +53,11 @@ def fake_batch(rows: list[tuple[str, int, int, int, bool]], width: int):
 
 
 def check_model_state(r) -> None:
+    for mode, size in MODES:
+        check_mode(r, mode, size)
+
+
+def check_mode(r, mode: str, size: int) -> None:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.sched.output import NewRequestData
     from vllm.v1.worker.gpu import attn_utils
@@ -64,11 +70,14 @@ def check_model_state(r) -> None:
     from inference.vllm_backend.settings import VllmDecodeSettings
     from inference.vllm_backend.steps import StepGlue
 
-    settings = VllmDecodeSettings(**SETTINGS)
+    def check(ok: bool, what: str) -> None:
+        r.check(ok, f"{mode}: {what}")
+
+    settings = VllmDecodeSettings(mode, size, **SETTINGS)
     width = settings.canvas_length
     real = {f.name for f in dataclasses.fields(InputBatch)}
     fields = set(vars(fake_batch([("a", 0, 0, 4, True)], width)))
-    r.check(fields <= real, f"the fake batch's fields are InputBatch's (not: {sorted(fields - real)})")
+    check(fields <= real, f"the fake batch's fields are InputBatch's (not: {sorted(fields - real)})")
 
     state = m.BdstackModelState.__new__(m.BdstackModelState)  # __init__ needs a checkpoint and a VllmConfig
     state.settings, state.glue, state.device = settings, StepGlue(settings), torch.device("cpu")
@@ -77,13 +86,13 @@ def check_model_state(r) -> None:
     for req_id, prompt in PROMPTS.items():
         params = SamplingParams(max_tokens=12, extra_args={"bdstack": {"temperature": 0.0}})
         state.add_request(0, NewRequestData(req_id, prompt, [], params, None, ([],), 0, None))
-    r.check(set(state.glue.requests) == set(PROMPTS), "add_request: a CanvasRequest per NewRequestData")
+    check(set(state.glue.requests) == set(PROMPTS), "add_request: a CanvasRequest per NewRequestData")
 
     draft_table = torch.zeros(4, width, dtype=torch.int64)  # vLLM's req_states.draft_tokens
     base = SimpleNamespace(sampling_states=None, req_states=SimpleNamespace(draft_tokens=draft_table))
     base.add_request = base.apply_staged_writes = lambda *a: None
     sampler, none = state.custom_sampler(base)
-    r.check(none is None and isinstance(sampler, m.BdstackSampler), "custom_sampler: (ours, no rejection sampler)")
+    check(none is None and isinstance(sampler, m.BdstackSampler), "custom_sampler: (ours, no rejection sampler)")
 
     direct = {k: RequestDecoder(settings, p, OurParams(max_tokens=12), torch.Generator()) for k, p in PROMPTS.items()}
     gen = torch.Generator().manual_seed(0)
@@ -97,12 +106,12 @@ def check_model_state(r) -> None:
     finally:
         m.DefaultModelState.prepare_inputs = default_inputs
     rows = state.model.bdstack_prefill_rows
-    r.check(rows is not None and rows.tolist() == [3, 9], f"prepare_inputs: last prompt rows [3, 9] (got {rows})")
+    check(rows is not None and rows.tolist() == [3, 9], f"prepare_inputs: last prompt rows [3, 9] (got {rows})")
     last = torch.randn(2, VOCAB, generator=gen)
     state.model.bdstack_prefill_logits = last
     out = sampler(torch.zeros(0, VOCAB), batch)
-    r.check(isinstance(out, SamplerOutput), "the sampler returns vLLM's SamplerOutput")
-    r.check(out.num_sampled.tolist() == [0, 0] and out.num_rejected.tolist() == [0, 0], "a prefill samples nothing")
+    check(isinstance(out, SamplerOutput), "the sampler returns vLLM's SamplerOutput")
+    check(out.num_sampled.tolist() == [0, 0] and out.num_rejected.tolist() == [0, 0], "a prefill samples nothing")
     for i, (k, slot) in enumerate((("a", 2), ("b", 3))):
         d = direct[k]
         step = d.next_step()
@@ -111,7 +120,7 @@ def check_model_state(r) -> None:
         d.take(full.expand(len(step.tokens), -1))
         want = d.next_step().tokens
         got = draft_table[slot].tolist()
-        r.check(got == want + [settings.mask_id] * (width - len(want)), f"{k}: drafts {got} = RequestDecoder's {want}")
+        check(got == want + [settings.mask_id] * (width - len(want)), f"{k}: drafts {got} = RequestDecoder's {want}")
 
     # step 2: both run the planned forward; the recorded build_attn_metadata call carries their ranges
     batch = fake_batch([("a", 2, 4, width, False), ("b", 3, 6, width, False)], width)
@@ -128,11 +137,11 @@ def check_model_state(r) -> None:
         bound = True
     except TypeError:
         bound = False
-    r.check(bound, "prepare_attn's build_attn_metadata call binds to vLLM's signature")
+    check(bound, "prepare_attn's build_attn_metadata call binds to vLLM's signature")
     want_ranges = {i: list(direct[k].next_step().attention.ranges) for i, k in enumerate("ab")}
     want_ranges = {i: v for i, v in want_ranges.items() if v} or None
-    r.check(kw.get("mm_req_doc_ranges") == want_ranges, f"ranges {kw.get('mm_req_doc_ranges')} = {want_ranges}")
-    r.check(kw.get("causal") is True, "every request causal (the ranges open the canvas)")
+    check(kw.get("mm_req_doc_ranges") == want_ranges, f"ranges {kw.get('mm_req_doc_ranges')} = {want_ranges}")
+    check(kw.get("causal") is True, "every request causal (the ranges open the canvas)")
 
     logits = torch.randn(2 * width, VOCAB, generator=gen)
     out = sampler(logits, batch)
@@ -144,8 +153,8 @@ def check_model_state(r) -> None:
         result = d.take(rows_logits)
         kept = result.computed - start
         n = int(out.num_sampled[i])
-        r.check(
+        check(
             d.finished or out.sampled_token_ids[i, :n].tolist() == step.tokens[:kept],
             f"{k}: vLLM keeps rows {step.tokens[:kept]} as output (got {out.sampled_token_ids[i, :n].tolist()})",
         )
-        r.check(d.finished or int(out.num_rejected[i]) == width - kept, f"{k}: num_rejected = {width} - {kept}")
+        check(d.finished or int(out.num_rejected[i]) == width - kept, f"{k}: num_rejected = {width} - {kept}")
