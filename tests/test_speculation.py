@@ -253,6 +253,54 @@ def test_a_causal_request_in_the_batch_counts_its_rows():
     assert alone.rows > 8 and beside.rows <= 8
 
 
+
+def _batch_choice_by_brute_force(policy, rates, options, others=0, other_rows=1):
+    """The batch rule read literally: for every candidate longest row count, each sequence takes its
+    option of most tokens per forward within it (the first such in its list; none fits: the first of the
+    fewest rows), and the cap whose forward emits the most tokens per second wins (the first on a tie)."""
+    floor = other_rows if others else 1
+    caps = sorted({o.rows for opts in options for o in opts if o.rows >= floor} | {floor})
+    best, best_speed = None, -1.0
+    for cap in caps:
+        picks = []
+        for r, opts in zip(rates, options):
+            fit = [o for o in opts if o.rows <= cap]
+            if fit:
+                picks.append(max(fit, key=lambda o: cycle(o, r).tokens_per_forward))
+            else:
+                picks.append(min(opts, key=lambda o: o.rows))
+        tokens = sum(cycle(o, r).tokens_per_forward for o, r in zip(picks, rates)) + others
+        rows = max([floor] + [o.rows for o in picks])
+        speed = tokens / (policy.cost((len(rates) + others) * rows) + policy.overhead)
+        if speed > best_speed:
+            best, best_speed = picks, speed
+    return best
+
+
+def test_batch_policy_equals_the_brute_force_rule():
+    """The policy's per-sequence lookup tables (it runs every step, so it must be cheap) choose what the
+    rule read literally chooses, on random acceptance, costs, option sets and batch neighbours."""
+    rng = random.Random(7)
+    for trial in range(60):
+        points = {1: 1.0}
+        for rows in (4, 16, 64, 256, 1024):
+            points[rows] = points[max(points)] * rng.uniform(1.0, 2.5)
+        policy = SpeculationPolicy(RowCost(points), overhead=rng.choice([0.0, 0.3]))
+        batch = rng.randint(2, 9)
+        rates, options = [], []
+        for _ in range(batch):
+            fresh = [rng.choice([0.0, 1.0, rng.random()]) for _ in range(7)]
+            stale = [rng.random() for _ in range(7)]
+            rates.append(DraftRates(fresh, stale) if rng.random() < 0.5 else fresh)
+            fixed = rng.choice([None, None, rng.randint(1, 7)])
+            opts = layouts(7, rng.choice(["last", "all", "auto"]), fixed)
+            options.append([o for o in opts if o.drafts > 0] if rng.random() < 0.2 else opts)
+        others = rng.choice([0, 0, 3])
+        other_rows = rng.randint(1, 20)
+        got = policy.choose(rates, options, others=others, other_rows=other_rows)
+        want = _batch_choice_by_brute_force(policy, rates, options, others, other_rows)
+        assert got == want, (trial, got, want)
+
 # ---- the engine under chosen layouts ----------------------------------------------------------------------
 
 

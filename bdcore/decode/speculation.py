@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -241,15 +242,27 @@ def _chains(rates: DraftRates | list[float]) -> tuple[_Chain, _Chain]:
 
 
 def _cycle(layout: Layout, fresh: _Chain, stale: _Chain) -> Cycle:
+    tokens, p_cold = _tokens_and_cold(layout, fresh, stale)
     if layout.canvas == 0:
         return Cycle(1.0, 1.0, layout.rows, 1, 0.0)
+    return Cycle(tokens + p_cold, 1.0 + p_cold, layout.rows, 1 + layout.canvas, p_cold)
+
+
+def _tokens_and_cold(layout: Layout, fresh: _Chain, stale: _Chain) -> tuple[float, float]:
+    """A verify step's expected tokens and chance of a cold step after it, at the chain's stationary mix of
+    fresh and stale drafts (no objects: the batch policy evaluates every option of every sequence a step)."""
+    if layout.canvas == 0:
+        return 1.0, 0.0
     tokens_f, cold_f, to_stale_f = fresh.verify_step(layout)
     tokens_s, cold_s, to_stale_s = stale.verify_step(layout)
     denominator = 1.0 - to_stale_s + to_stale_f
     p = to_stale_f / denominator if denominator > 0 else 0.0  # stationary P(drafts in hand are stale)
-    tokens = (1 - p) * tokens_f + p * tokens_s
-    p_cold = (1 - p) * cold_f + p * cold_s
-    return Cycle(tokens + p_cold, 1.0 + p_cold, layout.rows, 1 + layout.canvas, p_cold)
+    return (1 - p) * tokens_f + p * tokens_s, (1 - p) * cold_f + p * cold_s
+
+
+def _tokens_per_forward(layout: Layout, fresh: _Chain, stale: _Chain) -> float:
+    tokens, p_cold = _tokens_and_cold(layout, fresh, stale)
+    return (tokens + p_cold) / (1.0 + p_cold)
 
 
 def layouts(max_drafts: int, canvases: str, fixed: int | None) -> list[Layout]:
@@ -295,25 +308,36 @@ class SpeculationPolicy:
                 return c.tokens / seconds
 
             return [max(options[0], key=speed)]
-        cycles = []
-        for r, opts in zip(rates, options):
-            chains = _chains(r)
-            cycles.append([(o, _cycle(o, *chains)) for o in opts])
+        fits = [_BestWithin(opts, _chains(r)) for r, opts in zip(rates, options)]
         floor = other_rows if others else 1
-        caps = sorted({o.rows for opts in options for o in opts if o.rows >= floor} | {floor})
+        caps = sorted({rows for f in fits for rows in f.rows if rows >= floor} | {floor})
         batch = len(rates) + others
         best, best_speed = None, -1.0
-        for cap in caps:
-            picks = []
-            for opts in cycles:
-                fit = [oc for oc in opts if oc[0].rows <= cap]
-                picks.append(max(fit, key=lambda oc: oc[1].tokens_per_forward) if fit else min(opts, key=_rows))
-            tokens = sum(c.tokens_per_forward for _, c in picks) + others
-            speed = tokens / (self.cost(batch * max([floor] + [o.rows for o, _ in picks])) + self.overhead)
+        for cap in caps:  # each sequence's best within `cap` rows is a table lookup: this runs every step
+            picks = [f.within(cap) for f in fits]
+            tokens = sum(tpf for _, tpf, _ in picks) + others
+            speed = tokens / (self.cost(batch * max([floor] + [rows for _, _, rows in picks])) + self.overhead)
             if speed > best_speed:
-                best, best_speed = [o for o, _ in picks], speed
-        return best
+                best, best_speed = picks, speed
+        return [layout for layout, _, _ in best]
 
 
-def _rows(oc) -> int:
-    return oc[0].rows
+class _BestWithin:
+    """One sequence's options sorted by rows, with the layout of most tokens per forward among those of at
+    most each row count (ties: the earlier option), so `within(cap)` is a bisection."""
+
+    def __init__(self, options: list[Layout], chains: tuple[_Chain, _Chain]):
+        ranked = sorted((o.rows, i, o, _tokens_per_forward(o, *chains)) for i, o in enumerate(options))
+        self.rows = [rows for rows, _, _, _ in ranked]
+        self.best: list[tuple[Layout, float, int]] = []
+        top = None  # (tokens per forward, -index, layout, rows)
+        for rows, i, o, tpf in ranked:
+            if top is None or (tpf, -i) > (top[0], top[1]):
+                top = (tpf, -i, o, rows)
+            self.best.append((top[2], top[0], top[3]))
+
+    def within(self, cap: int) -> tuple[Layout, float, int]:
+        """(layout, tokens per forward, rows) of the best option of at most `cap` rows."""
+        k = bisect_right(self.rows, cap)
+        return self.best[max(k - 1, 0)]  # none fits: the first of the fewest rows
+
