@@ -167,7 +167,7 @@ def save_checkpoint(
     dist.barrier()
     export_hf(model.model, tokenizer, tmp, info, sidecar=sidecar, save_dtype=save_dtype)
     msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / TRAIN_STATE))
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / TRAIN_STATE), no_dist=_alone(info))
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
@@ -179,6 +179,15 @@ def save_checkpoint(
         _commit(run_dir, name, {**trainer_state, "world_size": info.world_size})
     dist.barrier()
     return final
+
+
+def _alone(info: DistInfo) -> bool:
+    """One rank: save and load without dcp's collectives. On CPU they leave a gloo work thread behind
+    (`pt_gloo_runloop`) after which libgomp's threads stop spinning at barriers and sleep instead:
+    every later training step of a 2-core run was 1.3-1.6x slower (5,000 context switches a second,
+    element-wise ops 3-5x slower). Several ranks need the collectives (and run one OpenMP thread each
+    on CPU under torchrun)."""
+    return info.world_size == 1
 
 
 def check_finite_weights(model, info: DistInfo, name: str) -> None:
@@ -243,7 +252,7 @@ def load_train_state(ckpt: Path, model, optimizer, info: DistInfo) -> dict:
     """Restore model shards, optimizer state and this rank's RNG; return the trainer state."""
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=str(ckpt / TRAIN_STATE))
+    dcp.load(state, checkpoint_id=str(ckpt / TRAIN_STATE), no_dist=_alone(info))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     rng_file = ckpt / TRAIN_STATE / f"rng_rank{info.rank}.pt"
     if rng_file.is_file():
