@@ -184,7 +184,7 @@ def save_checkpoint(
 def _alone(info: DistInfo) -> bool:
     """One rank: save and load without dcp's collectives. On CPU they leave a gloo work thread behind
     (`pt_gloo_runloop`) after which libgomp's threads stop spinning at barriers and sleep instead:
-    every later training step of a 2-core run was 1.3-1.6x slower (5,000 context switches a second,
+    every later training step of a 2-core run was 1.3-1.6x slower (thousands of context switches a second,
     element-wise ops 3-5x slower). Several ranks need the collectives (and run one OpenMP thread each
     on CPU under torchrun)."""
     return info.world_size == 1
