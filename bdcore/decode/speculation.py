@@ -219,13 +219,6 @@ class _Chain:
             sums.append(sums[-1] + acc[-1])
         return cls(acc, sums)
 
-    def verify_step(self, layout: Layout) -> tuple[float, float, float]:
-        """One verify step of `layout` with drafts from this source: expected tokens (1 + sum_j A_j), the
-        chance of a cold step after it (a rejection before `first_canvas`) and the chance its next drafts
-        are stale (a rejection at or after `first_canvas`)."""
-        n, m = layout.drafts, layout.first_canvas
-        return self.sums[n], 1.0 - self.acc[m], self.acc[m] - self.acc[n]
-
 
 def cycle(layout: Layout, rates: DraftRates | list[float]) -> Cycle:
     """Expected tokens and forwards of one verify step of `layout` used step after step. Its drafts are
@@ -242,27 +235,23 @@ def _chains(rates: DraftRates | list[float]) -> tuple[_Chain, _Chain]:
 
 
 def _cycle(layout: Layout, fresh: _Chain, stale: _Chain) -> Cycle:
-    tokens, p_cold = _tokens_and_cold(layout, fresh, stale)
     if layout.canvas == 0:
         return Cycle(1.0, 1.0, layout.rows, 1, 0.0)
+    tokens, p_cold = _tokens_and_cold(layout.drafts, layout.first_canvas, fresh, stale)
     return Cycle(tokens + p_cold, 1.0 + p_cold, layout.rows, 1 + layout.canvas, p_cold)
 
 
-def _tokens_and_cold(layout: Layout, fresh: _Chain, stale: _Chain) -> tuple[float, float]:
-    """A verify step's expected tokens and chance of a cold step after it, at the chain's stationary mix of
-    fresh and stale drafts (no objects: the batch policy evaluates every option of every sequence a step)."""
-    if layout.canvas == 0:
-        return 1.0, 0.0
-    tokens_f, cold_f, to_stale_f = fresh.verify_step(layout)
-    tokens_s, cold_s, to_stale_s = stale.verify_step(layout)
+def _tokens_and_cold(n: int, m: int, fresh: _Chain, stale: _Chain) -> tuple[float, float]:
+    """A verify step of n > 0 drafts with canvases from clean row m on: its expected tokens and chance of a
+    cold step after it, at the chain's stationary mix of fresh and stale drafts. From one source, a step
+    emits 1 + A_1 + ... + A_n tokens, is followed by a cold step when a draft before m is rejected
+    (1 - A_m) and drafts stale ones when one at or after m is (A_m - A_n). No objects: the batch policy
+    evaluates every option of every sequence a step."""
+    fa, sa = fresh.acc, stale.acc
+    to_stale_f, to_stale_s = fa[m] - fa[n], sa[m] - sa[n]
     denominator = 1.0 - to_stale_s + to_stale_f
     p = to_stale_f / denominator if denominator > 0 else 0.0  # stationary P(drafts in hand are stale)
-    return (1 - p) * tokens_f + p * tokens_s, (1 - p) * cold_f + p * cold_s
-
-
-def _tokens_per_forward(layout: Layout, fresh: _Chain, stale: _Chain) -> float:
-    tokens, p_cold = _tokens_and_cold(layout, fresh, stale)
-    return (tokens + p_cold) / (1.0 + p_cold)
+    return (1 - p) * fresh.sums[n] + p * stale.sums[n], (1 - p) * (1.0 - fa[m]) + p * (1.0 - sa[m])
 
 
 def layouts(max_drafts: int, canvases: str, fixed: int | None) -> list[Layout]:
@@ -291,6 +280,7 @@ class SpeculationPolicy:
     def __init__(self, cost, overhead: float = 0.0):
         self.cost = cost
         self.overhead = overhead  # seconds a step spends outside its forward (the driver measures it)
+        self._rankings: dict[int, tuple[list[Layout], list]] = {}  # id(options) -> (options, ranked)
 
     def choose(
         self, rates: list[DraftRates | list[float]], options: list[list[Layout]], others: int = 0, other_rows: int = 1
@@ -308,9 +298,10 @@ class SpeculationPolicy:
                 return c.tokens / seconds
 
             return [max(options[0], key=speed)]
-        fits = [_BestWithin(opts, _chains(r)) for r, opts in zip(rates, options)]
+        fits = [_BestWithin(self._ranked(opts), _chains(r)) for r, opts in zip(rates, options)]
         floor = other_rows if others else 1
-        caps = sorted({rows for f in fits for rows in f.rows if rows >= floor} | {floor})
+        # A cap between two rows at which some sequence's best changes picks what the lower one picks
+        caps = sorted({rows for f in fits for rows in f.changes if rows >= floor} | {floor})
         batch = len(rates) + others
         best, best_speed = None, -1.0
         for cap in caps:  # each sequence's best within `cap` rows is a table lookup: this runs every step
@@ -322,22 +313,41 @@ class SpeculationPolicy:
         return [layout for layout, _, _ in best]
 
 
+    def _ranked(self, options: list[Layout]) -> list[tuple[int, int, int, int, Layout]]:
+        """`options` as (rows, index, drafts, first canvas, layout) sorted by rows then index, kept while the
+        list lives: a decoder's options are one list for its whole request."""
+        hit = self._rankings.get(id(options))
+        if hit is not None and hit[0] is options:
+            return hit[1]
+        if len(self._rankings) > 256:
+            self._rankings.clear()
+        ranked = sorted((o.rows, i, o.drafts if o.canvas else 0, o.first_canvas, o) for i, o in enumerate(options))
+        self._rankings[id(options)] = (options, ranked)
+        return ranked
+
+
 class _BestWithin:
     """One sequence's options sorted by rows, with the layout of most tokens per forward among those of at
     most each row count (ties: the earlier option), so `within(cap)` is a bisection."""
 
-    def __init__(self, options: list[Layout], chains: tuple[_Chain, _Chain]):
-        ranked = sorted((o.rows, i, o, _tokens_per_forward(o, *chains)) for i, o in enumerate(options))
-        self.rows = [rows for rows, _, _, _ in ranked]
+    def __init__(self, ranked: list[tuple[int, int, int, int, Layout]], chains: tuple[_Chain, _Chain]):
+        fresh, stale = chains
+        self.rows = [rows for rows, _, _, _, _ in ranked]
         self.best: list[tuple[Layout, float, int]] = []
-        top = None  # (tokens per forward, -index, layout, rows)
-        for rows, i, o, tpf in ranked:
-            if top is None or (tpf, -i) > (top[0], top[1]):
-                top = (tpf, -i, o, rows)
-            self.best.append((top[2], top[0], top[3]))
+        self.changes: list[int] = []  # the row counts at which the best changes
+        top_tpf, top_i, top = -1.0, 0, None
+        for rows, i, n, m, o in ranked:
+            if n:
+                tokens, p_cold = _tokens_and_cold(n, m, fresh, stale)
+                tpf = (tokens + p_cold) / (1.0 + p_cold)
+            else:
+                tpf = 1.0
+            if tpf > top_tpf or (tpf == top_tpf and i < top_i):
+                top_tpf, top_i, top = tpf, i, (o, tpf, rows)
+                self.changes.append(rows)
+            self.best.append(top)
 
     def within(self, cap: int) -> tuple[Layout, float, int]:
         """(layout, tokens per forward, rows) of the best option of at most `cap` rows."""
         k = bisect_right(self.rows, cap)
         return self.best[max(k - 1, 0)]  # none fits: the first of the fewest rows
-
