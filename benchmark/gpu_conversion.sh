@@ -16,6 +16,9 @@
 #   quality    benchmark.draft_quality --compare-served: implied vs served self-spec tokens per forward
 #   serve      benchmark.serving.bench_decode, native engine: causal, diffusion and self-spec (linear) at
 #              concurrency 1 and 16, then self-spec with all canvases
+#   layouts    benchmark.self_spec_canvases at concurrency 1 and 16 (issue 26's table): causal, self-spec
+#              linear, all canvases, `auto` and fixed N=4 side by side, bf16, interleaved rounds; last, so
+#              that the campaign's own figures come first when the lease runs short
 # Files under $OUT: summary.txt, log.txt, results.json (what docs/results.md quotes).
 #
 # Carry: the SmolLM2 GGUF is 94 MiB and a device run carries 64 MiB, so it cannot travel with the tree in
@@ -39,11 +42,13 @@ if [ "$DEV" = cpu ]; then
   BUDGET=${GPU_CONV_BUDGET:-900}
   export PYTHONPATH=$PWD
   LIMIT=${LIMIT:-12} MAX_NEW=${MAX_NEW:-16} BATCH=4 STEPS=${STEPS:-4} BD=4 NUM=4 CONC=1,2 EVAL=6
+  LAYOUT_CONC="1 2" LAYOUT_NUM=4 LAYOUT_DTYPE=fp32 # fp32: the twin holds every variant to causal exactly
   SHAPE=(--max_length 256 --micro_batch_size 2 --dtype auto)
 else
   PY=python3
   BUDGET=${GPU_CONV_BUDGET:-560}
   LIMIT=${LIMIT:-0} MAX_NEW=${MAX_NEW:-160} BATCH=128 STEPS=${STEPS:-300} BD=8 NUM=24 CONC=1,16 EVAL=50
+  LAYOUT_CONC="1 16" LAYOUT_NUM=16 LAYOUT_DTYPE=bf16
   SHAPE=(--max_length 2048 --micro_batch_size 8 --dtype bf16)
 fi
 SUMMARY="$OUT/summary.txt"
@@ -91,6 +96,11 @@ if [ -n "$CKPT" ]; then
   run_step serve_all 90 "$LOG" $PY -m benchmark.serving.bench_decode "$CKPT" --prompts "$EVAL_DATA" --num $NUM \
     --modes causal,self-spec --concurrency 1 --max-tokens "$MAX_NEW" --json "$WORK/serving_all.json" \
     --server-args "--backend native --device $DEV --dtype fp32 --self-spec-canvases all"
+  for C in $LAYOUT_CONC; do
+    run_step "layouts_c$C" 120 "$LOG" $PY -m benchmark.self_spec_canvases "$CKPT" --heldout "$EVAL_DATA" \
+      --limit $((LAYOUT_NUM > C ? LAYOUT_NUM : C)) --max-tokens "$MAX_NEW" --concurrency "$C" --draft-lens 4 \
+      --dtype $LAYOUT_DTYPE --device "$DEV" --json "$WORK/layouts_c$C.json"
+  done
 else
   note "SKIP    quality, serve (no checkpoint)"
 fi
@@ -103,6 +113,7 @@ def load(name):
     p = work / name
     return json.loads(p.read_text()) if p.is_file() else None
 res = {name: load(f"{name}.json") for name in ("quality", "serving", "serving_all")}
+res["layouts"] = {p.stem.split("_c")[1]: json.loads(p.read_text())["rows"] for p in sorted(work.glob("layouts_c*.json"))}
 res["distil"] = {k: load(f"{k}_sd.jsonl.stats.json") for k in ("train", "heldout")}
 m = work / "run" / "metrics.jsonl"
 res["train_metrics"] = [json.loads(x) for x in m.read_text().splitlines()] if m.is_file() else None
@@ -113,5 +124,8 @@ for r in res["serving"] or []:
 for r in res["serving_all"] or []:
     if r["mode"] == "self-spec":
         print(f"        self-spec all canvases  tok/fwd {r['tokens_per_forward']:.2f}  x{r['speedup']:.2f}")
+for conc, rows in res["layouts"].items():
+    base = rows[0]["tok_s"]
+    print(f"        layouts conc {conc:>2}: " + ", ".join(f"{r['variant']} x{r['tok_s'] / base:.2f}" for r in rows))
 EOF
 note "total $(($(date +%s) - T0))s (budget ${BUDGET}s); results in $OUT/results.json"

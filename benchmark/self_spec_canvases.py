@@ -11,9 +11,14 @@ variant (chat JSONL with reference answers, or HumanEval-style prompts), one req
 causal, the share of outputs identical to causal decoding (lossless: must be 100%; causal decoding is
 `benchmark.conversion_eval.stock_greedy`, the Hugging Face model's own greedy loop, so the engine's causal
 variant is held to it as well), how many drafts were accepted per verify and how many tokens each forward
-drafted. The last lines compare `auto` with causal and with the best fixed variant.
+drafted. The last lines compare `auto` with causal, with the best fixed variant, and with a best fixed
+variant chosen on the other rounds and timed on the held-out one (leave one round out): the fastest of
+several variants timed on the same requests is partly the luckiest, so the in-sample comparison is biased
+against `auto` by the noise, the held-out one is not. `--repeat` runs the prompts more than once where the
+held-out set is small.
 
-The model runs in the dtype `serve.py` loads (`--dtype auto`: bf16 on a CPU with native bf16), and the prompts
+The model runs in the dtype `serve.py` loads (`--dtype auto`: bf16 on a GPU and on a CPU with native bf16; `--device
+cuda` on a GPU), and the prompts
 are cut into `--rounds` slices that every variant runs in turn, so that a change in the machine's speed during
 the run falls on all of them alike.
 """
@@ -81,10 +86,15 @@ def measure(
     only: list[str] = (),
     dtype: str = "auto",
     rounds: int = 1,
+    repeat: int = 1,
+    device: str = "cpu",
 ) -> list[dict]:
     """Every variant over the same prompts. With `rounds` R the prompts are cut into R slices and each slice
     runs every variant in turn (the order rotating by slice), so a drift of the machine's speed during the
-    run (another process, thermal, memory) is shared by the variants instead of landing on one."""
+    run (another process, thermal, memory) is shared by the variants instead of landing on one. `repeat` K runs
+    the prompts K times over (greedy: the same tokens, K times the timings) where a held-out set is small.
+    Each row keeps its per-round tokens and seconds (`per_round`), from which `table` picks a best fixed
+    variant on some rounds and scores it on the others."""
     from transformers import AutoTokenizer
 
     from bdcore.decode.config import DecodeConfig
@@ -93,7 +103,7 @@ def measure(
     from benchmark.conversion_eval import load_heldout, stock_greedy
     from inference.native.engine import Engine
 
-    loaded = load_checkpoint(checkpoint, dtype=serving_dtype(dtype, "cpu"))
+    loaded = load_checkpoint(checkpoint, device=device, dtype=serving_dtype(dtype, device))
     heldout = load_heldout(heldout_path, AutoTokenizer.from_pretrained(checkpoint), limit)
     causal = [  # before any Engine exists: an engine binds its decode forward to hybrid layers
         stock_greedy(loaded.model, ids, max_tokens=max_tokens, stop_ids=loaded.stop_ids, banned=loaded.mask_id)
@@ -106,7 +116,7 @@ def measure(
         raise SystemExit(f"--variants: unknown {unknown}; choose from {list(chosen)}")
     if only:  # causal first: the table's ratios are to it
         chosen = {k: v for k, v in chosen.items() if k == "causal" or k in only}
-    prompts = heldout.prompt_ids
+    prompts, causal = heldout.prompt_ids * repeat, causal * repeat
     run = {}
     for name, settings in chosen.items():
         engine = Engine(loaded, DecodeConfig(**settings))  # an auto variant measures its row cost here (cached)
@@ -116,11 +126,13 @@ def measure(
     slices = [range(i * len(prompts) // rounds, (i + 1) * len(prompts) // rounds) for i in range(rounds)]
     outs = {name: [None] * len(prompts) for name in chosen}
     wall = dict.fromkeys(chosen, 0.0)
+    per_round: dict[str, list[list]] = {name: [] for name in chosen}  # [tokens, seconds] per round
     names = list(chosen)
     for r, part in enumerate(slices):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             got, seconds = run[name]([prompts[i] for i in part], params)
             wall[name] += seconds
+            per_round[name].append([sum(g.stats.generated for g in got), seconds])
             for i, g in zip(part, got):
                 outs[name][i] = g
     rows = []
@@ -140,6 +152,7 @@ def measure(
                 "forwards": forwards,
                 "accepted": dict(sorted(accepted.items())),
                 "drafted": dict(sorted(drafted.items())),
+                "per_round": per_round[name],
             }
         )
     return rows
@@ -165,7 +178,39 @@ def table(rows: list[dict]) -> str:
             f"\nauto: {auto['tok_s'] / base:.2f}x causal tok/s, {auto['tok_s'] / best['tok_s']:.2f}x the best fixed "
             f"variant ({best['variant']}, {best['tok_s'] / base:.2f}x causal)"
         )
+        held = auto_vs_best_held_out(auto, fixed)
+        if held is not None:
+            ratio, picks = held
+            chosen = ", ".join(f"{name} x{k}" for name, k in picks.most_common())
+            lines.append(
+                f"auto: {ratio:.2f}x a best fixed variant chosen on the other rounds (leave one round out; {chosen})"
+            )
     return "\n".join(lines)
+
+
+def auto_vs_best_held_out(auto: dict, fixed: list[dict]) -> tuple[float, Counter] | None:
+    """auto's tok/s over a fixed variant's where, for each round, the fixed variant is the fastest on the
+    other rounds and is timed on this one (None with fewer than two rounds). The best of several variants
+    timed on the same rounds is the fastest partly by luck, so "auto vs the best fixed" on the rounds that
+    picked it is biased against auto by that luck; a sweep's winner is chosen before it is used, and this
+    is that."""
+    n = len(auto["per_round"])
+    if n < 2 or any(len(r["per_round"]) != n for r in fixed):
+        return None
+    auto_tok = auto_sec = best_tok = best_sec = 0.0
+    picks: Counter = Counter()
+    for held in range(n):
+        elsewhere = [_speed_without(row, held) for row in fixed]
+        best = fixed[elsewhere.index(max(elsewhere))]
+        picks[best["variant"]] += 1
+        auto_tok, auto_sec = auto_tok + auto["per_round"][held][0], auto_sec + auto["per_round"][held][1]
+        best_tok, best_sec = best_tok + best["per_round"][held][0], best_sec + best["per_round"][held][1]
+    return (auto_tok / auto_sec) / (best_tok / best_sec), picks
+
+
+def _speed_without(row: dict, held: int) -> float:
+    kept = [ts for i, ts in enumerate(row["per_round"]) if i != held]
+    return sum(t for t, _ in kept) / sum(s for _, s in kept)
 
 
 def main(argv=None) -> int:
@@ -205,10 +250,20 @@ def main(argv=None) -> int:
         "the machine's speed is shared (default 5; fewer when the prompts do not fill that many slices of "
         "--concurrency)",
     )
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the prompts this many times over (greedy: the same outputs; more timings where the held-out "
+        "set is small; default 1)",
+    )
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
         p.error("--rounds must be at least 1")
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
     rounds = args.rounds or 5
     rows = measure(
         Path(args.checkpoint),
@@ -221,9 +276,11 @@ def main(argv=None) -> int:
         only=args.variants,
         dtype=args.dtype,
         rounds=rounds,
+        repeat=args.repeat,
+        device=args.device,
     )
     command = "python -m benchmark.self_spec_canvases " + " ".join(argv if argv is not None else sys.argv[1:])
-    dtype = serving_dtype(args.dtype, "cpu")
+    dtype = serving_dtype(args.dtype, args.device)
     print(f"{command}\n\n{dtype}, {rounds} interleaved rounds at most\n\n{table(rows)}")
     if args.json:
         Path(args.json).write_text(json.dumps({"command": command, "rows": rows}, indent=1))

@@ -1,7 +1,8 @@
 """benchmark/gpu_conversion.sh, the GPU conversion campaign, as its CPU twin at tiny scale: every step of
 the script runs (self-distillation, conversion with the drafting metric, implied vs served tokens per
-forward, serving in every mode at two concurrencies and with all canvases) and results.json holds what
-docs/results.md quotes. The GPU run differs in sizes, device and dtype only."""
+forward, serving in every mode at two concurrencies and with all canvases, the self-spec layouts side by
+side) and results.json holds what docs/results.md quotes. The GPU run differs in sizes, device and dtype
+only."""
 
 import json
 import os
@@ -75,3 +76,10 @@ def test_the_campaign_runs_every_step_and_writes_results(tmp_path):
     assert all(rows[("self-spec", c)]["same_as_causal"] == 1.0 for c in (1, 2))
     spec_all = [r for r in res["serving_all"] if r["mode"] == "self-spec"]
     assert spec_all and spec_all[0]["same_as_causal"] == 1.0 and "self-spec" in summary
+    # issue 26's table at both concurrencies: every layout, auto included, lossless (fp32 in the twin)
+    assert set(res["layouts"]) == {"1", "2"}
+    for rows in res["layouts"].values():
+        names = [r["variant"] for r in rows]
+        assert names[0] == "causal" and "self-spec auto" in names and "self-spec all N=4" in names
+        assert all(r["same_as_causal"] == 1.0 for r in rows), rows
+    assert "layouts conc  2:" in summary

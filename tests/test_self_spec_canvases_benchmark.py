@@ -21,6 +21,8 @@ def test_variants_side_by_side_are_lossless(demo_kit, tmp_path, capsys, monkeypa
     # fp32: exact comparison with the stock loop (the default is the serving dtype, bf16 on this CPU); at
     # concurrency 1 the 4 prompts run in 4 interleaved slices, whose outputs must land back in prompt order
     argv += ["--draft-lens", "2,3", "--concurrency", str(concurrency), "--dtype", "fp32"]
+    if concurrency == 3:  # the prompts twice over: 8 requests, each held to its own causal output
+        argv += ["--repeat", "2"]
     assert self_spec_canvases.main([*argv, "--json", str(out)]) == 0
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
     fixed = [f"self-spec {c} N={n}" for n in (2, 3) for c in ("last", "all")]
@@ -31,8 +33,25 @@ def test_variants_side_by_side_are_lossless(demo_kit, tmp_path, capsys, monkeypa
     for n in (2, 3):
         assert set(rows[f"self-spec last N={n}"]["drafted"]) == {str(n - 1)}
         assert rows[f"self-spec all N={n}"]["drafted"] == {str(n - 1): rows[f"self-spec all N={n}"]["forwards"]}
+    for r in rows.values():  # the rounds' tokens add up to the row's (tokens per forward x forwards)
+        assert sum(t for t, _ in r["per_round"]) == round(r["tokens_per_forward"] * r["forwards"])
+        assert len(r["per_round"]) == (4 if concurrency == 1 else 2)
     text = capsys.readouterr().out
     assert "| self-spec all N=3 |" in text and "auto: " in text and "the best fixed variant" in text
+    assert "chosen on the other rounds" in text
+
+
+def test_auto_against_a_best_fixed_variant_chosen_on_the_other_rounds():
+    """By hand: A is fastest on rounds 0 and 1 but slow on round 2, B is steady. Leaving round 2 out picks A
+    (10 tok/s elsewhere vs B's 5) and times it on round 2 (4 s); leaving 0 or 1 out picks B (5 vs 4), timed
+    2 s each. The held-out best takes 8 s for 30 tokens, auto 6 s: 8/6."""
+    a = {"variant": "A", "per_round": [[10, 1.0], [10, 1.0], [10, 4.0]]}
+    b = {"variant": "B", "per_round": [[10, 2.0], [10, 2.0], [10, 2.0]]}
+    auto = {"variant": "self-spec auto", "per_round": [[10, 1.5], [10, 1.5], [10, 3.0]]}
+    ratio, picks = self_spec_canvases.auto_vs_best_held_out(auto, [a, b])
+    assert ratio == pytest.approx(8 / 6) and picks == {"B": 2, "A": 1}
+    one = {**auto, "per_round": auto["per_round"][:1]}
+    assert self_spec_canvases.auto_vs_best_held_out(one, [{**a, "per_round": a["per_round"][:1]}]) is None
 
 
 def test_variants_filter_keeps_causal_first_and_refuses_unknown_names(demo_kit, tmp_path, monkeypatch):
