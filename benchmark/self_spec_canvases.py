@@ -17,10 +17,9 @@ several variants timed on the same requests is partly the luckiest, so the in-sa
 against `auto` by the noise, the held-out one is not. `--repeat` runs the prompts more than once where the
 held-out set is small.
 
-The model runs in the dtype `serve.py` loads (`--dtype auto`: bf16 on a GPU and on a CPU with native bf16; `--device
-cuda` on a GPU), and the prompts
-are cut into `--rounds` slices that every variant runs in turn, so that a change in the machine's speed during
-the run falls on all of them alike.
+The model runs in the dtype `serve.py` loads (`--dtype auto`: bf16 on a GPU and on a CPU with native bf16;
+`--device cuda` on a GPU), and the prompts are cut into `--rounds` slices that every variant runs in turn, so
+that a change in the machine's speed during the run falls on all of them alike.
 """
 
 from __future__ import annotations

@@ -312,7 +312,6 @@ class SpeculationPolicy:
                 best, best_speed = picks, speed
         return [layout for layout, _, _ in best]
 
-
     def _ranked(self, options: list[Layout]) -> list[tuple[int, int, int, int, Layout]]:
         """`options` as (rows, index, drafts, first canvas, layout) sorted by rows then index, kept while the
         list lives: a decoder's options are one list for its whole request."""
