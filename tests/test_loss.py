@@ -45,6 +45,24 @@ def test_combine_by_hand():
     assert glob.loss.item() == pytest.approx((7 / 7 + 8 / 4) / 2)
 
 
+def test_prefix_weights_by_hand():
+    diff_ce = torch.tensor([1.0, 2.0, 4.0])
+    rate = torch.tensor([0.5, 0.25, 1.0])
+    offset = torch.tensor([0, 2, 1])
+    cfg = BlockDiffusionConfig(ar_loss_weight=0.0, prefix_gamma=2.0)
+    got = combine_losses(diff_ce, rate, torch.zeros(0), cfg, diff_offset=offset)
+    w = [1.0, math.exp(-1.0), math.exp(-0.5)]
+    assert got.diff.item() == pytest.approx((w[0] * 1 + w[1] * 2 + w[2] * 4) / sum(w))
+    both = BlockDiffusionConfig(ar_loss_weight=0.0, prefix_gamma=2.0, loss_weighting="inverse_rate")
+    got = combine_losses(diff_ce, rate, torch.zeros(0), both, diff_offset=offset)
+    w = [2 * w[0], 4 * w[1], 1 * w[2]]
+    assert got.diff.item() == pytest.approx((w[0] * 1 + w[1] * 2 + w[2] * 4) / sum(w))
+    with pytest.raises(ValueError, match="draft offset"):
+        combine_losses(diff_ce, rate, torch.zeros(0), cfg)
+    with pytest.raises(ValueError, match="prefix_gamma"):
+        BlockDiffusionConfig(prefix_gamma=-1.0)
+
+
 def test_chunked_ce_matches_plain_in_value_and_gradient():
     torch.manual_seed(0)
     h = torch.randn(37, 16, requires_grad=True)
@@ -59,13 +77,13 @@ def test_chunked_ce_matches_plain_in_value_and_gradient():
         torch.testing.assert_close(x, z)
 
 
-@pytest.mark.parametrize("weighting", ["uniform", "inverse_rate"])
+@pytest.mark.parametrize("weighting,gamma", [("uniform", 0.0), ("inverse_rate", 0.0), ("uniform", 1.5)])
 @pytest.mark.parametrize("ar_w", [0.0, 0.3])
-def test_model_loss_equals_reference_from_full_logits(weighting, ar_w):
+def test_model_loss_equals_reference_from_full_logits(weighting, gamma, ar_w):
     model = tiny_model("qwen3", tied=False)
     rng = random.Random(4)
     rows = [[random_sample(rng, turns=2) for _ in range(2)] for _ in range(2)]
-    cfg = BlockDiffusionConfig(bd_size=4, ar_loss_weight=ar_w, loss_weighting=weighting)
+    cfg = BlockDiffusionConfig(bd_size=4, ar_loss_weight=ar_w, loss_weighting=weighting, prefix_gamma=gamma)
     batch = build_batch(rows, cfg, IDS, noise_generator(4, 0, 0))
     lm = TwoStreamLM(model, cfg, ce_chunk_rows=7)
     with torch.no_grad():
@@ -73,6 +91,11 @@ def test_model_loss_equals_reference_from_full_logits(weighting, ar_w):
         logp = torch.log_softmax(lm.logits(batch).flatten(0, 1), -1)
     diff_nll = -logp[batch.diff_index, batch.diff_labels]
     w = 1 / batch.diff_rate if weighting == "inverse_rate" else torch.ones_like(diff_nll)
+    if gamma:  # the target at block offset k (k = 1 right after the seed) is draft k - 1
+        target = batch.diff_index + 1
+        k = batch.meta.pos.flatten()[target] - batch.meta.bstart.flatten()[target]
+        assert k.min() == 1 and k.max() == 3
+        w = w * torch.exp(-(k - 1).float() / gamma)
     diff = (w / w.mean() * diff_nll).mean()
     ar = (-logp[batch.ar_index, batch.ar_labels]).mean()
     want = (diff + ar_w * ar) / (1 + ar_w)

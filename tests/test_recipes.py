@@ -100,6 +100,7 @@ def test_conflicting_choices_are_refused_with_the_reason(argv, named, other):
         (["--ar_only", "--views", "2"], "--views"),
         (["--recipe", "ar_sft", "--ar_loss_weight", "0.5"], "--ar_loss_weight"),
         (["--recipe", "ar_sft", "--loss_weighting", "inverse_rate"], "--loss_weighting"),
+        (["--recipe", "ar_sft", "--prefix_gamma", "4"], "--prefix_gamma"),
     ],
 )
 def test_plain_ar_sft_refuses_what_shapes_the_diffusion_loss(argv, named):

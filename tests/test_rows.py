@@ -32,6 +32,10 @@ def test_layout_of_a_small_sample_by_hand():
     # AR targets: every response token (first one from the last prompt row); never a filler.
     assert b.ar_index.tolist() == [2, 3, 4, 5, 6]
     assert b.ar_labels.tolist() == [20, 21, 22, 23, EOT_ID]
+    # Each diffusion target's draft offset: the block of positions 3-6 has its seed at 3 and drafts 4, 5, 6
+    # (offsets 0, 1, 2); the block at 7 drafts 8-10.
+    target_pos = m.pos.flatten()[b.diff_index + 1]
+    assert b.diff_offset.tolist() == [{4: 0, 5: 1, 6: 2, 8: 0, 9: 1, 10: 2}[p] for p in target_pos.tolist()]
 
 
 def _rows(seed: int, cfg: BlockDiffusionConfig, *, turns: int = 1, pack: int = 1, n_rows: int = 2):

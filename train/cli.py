@@ -101,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     field_flag(
         b,
         BD,
+        "prefix_gamma",
+        "weight the diffusion target j tokens after its block's seed by exp(-j/gamma), so the first drafts, which "
+        "self-spec accepts first, weigh most (default %(default)g: every position the same)",
+    )
+    field_flag(
+        b,
+        BD,
         "views",
         f"noised views per row (default {BD.views}: complementary masks; two_stream only)",
         resolved=True,
@@ -317,6 +324,7 @@ def _check_ar_sft(args, chosen_by: str, bad) -> None:
         "--views": args.views is not None,
         "--ar_loss_weight": args.ar_loss_weight is not None,
         "--loss_weighting": args.loss_weighting != BlockDiffusionConfig.loss_weighting,
+        "--prefix_gamma": args.prefix_gamma != BlockDiffusionConfig.prefix_gamma,
     }
     for flag, is_given in given.items():
         if is_given:

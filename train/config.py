@@ -45,6 +45,7 @@ class BlockDiffusionConfig:
     clean_causal: bool | None = None
     within_block_causal: bool = False
     loss_weighting: str = "uniform"
+    prefix_gamma: float = 0.0
     min_rate: float = 1e-3
     objective: str = "two_stream"
 
@@ -68,6 +69,8 @@ class BlockDiffusionConfig:
             raise ValueError(f"ar_loss_weight={self.ar_loss_weight} must be >= 0")
         if self.loss_weighting not in LOSS_WEIGHTINGS:
             raise ValueError(f"loss_weighting={self.loss_weighting!r}: choose one of {LOSS_WEIGHTINGS}")
+        if self.prefix_gamma < 0:
+            raise ValueError(f"prefix_gamma={self.prefix_gamma} must be >= 0 (0: every draft position weighs the same)")
         if not 0.0 < self.min_rate < 1.0:
             raise ValueError(f"min_rate={self.min_rate} must lie in (0, 1)")
         if self.clean_causal is None:
@@ -248,6 +251,7 @@ DIFFUSION_FLAGS = (
     "ar_loss_weight",
     "within_block_causal",
     "loss_weighting",
+    "prefix_gamma",
     "views",
 )
 RESUME_MUST_MATCH = _RESUME_MUST_MATCH_COMMON + OPDSection.RESUME_MUST_MATCH + RLSection.RESUME_MUST_MATCH
@@ -287,6 +291,7 @@ class JobConfig:
                 ar_loss_weight=flags["ar_loss_weight"],
                 within_block_causal=flags["within_block_causal"],
                 loss_weighting=flags["loss_weighting"],
+                prefix_gamma=flags["prefix_gamma"],
                 objective=flags["objective"],
                 # a draft adapter's clean stream is the base model, which is causal
                 clean_causal=True if flags.get("draft_adapter") else None,

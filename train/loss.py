@@ -61,11 +61,17 @@ class LossParts:
     aux: torch.Tensor | None = None  # mixture of experts: the router's load-balancing loss (detached), in `loss`
 
 
-def diffusion_weights(rate: torch.Tensor, cfg: BlockDiffusionConfig) -> torch.Tensor:
-    """Per-target weights: 1 (uniform) or 1/rate of the target's own view (inverse_rate)."""
-    if cfg.loss_weighting == "inverse_rate":
-        return 1.0 / rate.float()
-    return torch.ones_like(rate, dtype=torch.float32)
+def diffusion_weights(
+    rate: torch.Tensor, cfg: BlockDiffusionConfig, offset: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-target weights: 1 (uniform) or 1/rate of the target's own view (inverse_rate), times
+    exp(-offset/prefix_gamma) with `prefix_gamma` > 0 (`offset`: which draft of its block the target is)."""
+    w = 1.0 / rate.float() if cfg.loss_weighting == "inverse_rate" else torch.ones_like(rate, dtype=torch.float32)
+    if cfg.prefix_gamma > 0:
+        if offset is None:
+            raise ValueError("prefix_gamma needs each diffusion target's draft offset; this objective has none")
+        w = w * torch.exp(-offset.float() / cfg.prefix_gamma)
+    return w
 
 
 def combine_losses(
@@ -76,6 +82,7 @@ def combine_losses(
     *,
     diff_norm: float | torch.Tensor | None = None,
     ar_norm: float | torch.Tensor | None = None,
+    diff_offset: torch.Tensor | None = None,
 ) -> LossParts:
     """Combine per-token CEs into the objective.
 
@@ -83,7 +90,7 @@ def combine_losses(
     targets) so a trainer can normalise by global totals across micro-batches and ranks; a weighted
     mean with weights normalised to mean 1 equals sum(w * ce) / sum(w).
     """
-    w = diffusion_weights(diff_rate, cfg)
+    w = diffusion_weights(diff_rate, cfg, diff_offset)
     d_den = w.sum() if diff_norm is None else diff_norm
     a_den = ar_ce.new_tensor(ar_ce.numel()) if ar_norm is None else ar_norm
     diff = (w * diff_ce).sum() / torch.clamp_min(torch.as_tensor(d_den, dtype=torch.float32), 1e-12)

@@ -184,7 +184,13 @@ class TwoStreamLM(nn.Module):
         ce = token_ce(hidden[index], weight, labels, chunk_rows=self.ce_chunk_rows, fused=self.fused_ce)
         n_diff = batch.diff_index.numel()
         parts = combine_losses(
-            ce[:n_diff], batch.diff_rate, ce[n_diff:], self.cfg, diff_norm=diff_norm, ar_norm=ar_norm
+            ce[:n_diff],
+            batch.diff_rate,
+            ce[n_diff:],
+            self.cfg,
+            diff_norm=diff_norm,
+            ar_norm=ar_norm,
+            diff_offset=batch.diff_offset,
         )
         if self._router_logits is not None:
             aux = router_aux_loss(self._router_logits, self.model.config, real=batch.meta.stream != PAD_STREAM)

@@ -57,6 +57,9 @@ class TwoStreamBatch:
     diff_index: torch.Tensor
     diff_labels: torch.Tensor
     diff_rate: torch.Tensor  # effective masking rate of each diffusion target's view
+    # which draft each diffusion target is: 0 for the token right after its block's seed (the first
+    # draft self-spec verifies), 1 for the next ... (None where an objective has no such order)
+    diff_offset: torch.Tensor | None = None
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -185,7 +188,9 @@ def build_batch(
         cols["bstart"].append(_pad(lay["bstart"], T, 0))
     t = {k: torch.stack(v) for k, v in cols.items()}
     meta = TokenMeta(*(t[f] for f in TokenMeta._fields))
-    ar_index, ar_labels, diff_index, diff_labels, diff_rate = _targets(meta, t["clean"], t["masked"], t["rate"])
+    ar_index, ar_labels, diff_index, diff_labels, diff_rate, diff_offset = _targets(
+        meta, t["clean"], t["masked"], t["rate"]
+    )
     return TwoStreamBatch(
         input_ids=t["input"],
         meta=meta,
@@ -196,6 +201,7 @@ def build_batch(
         diff_index=diff_index,
         diff_labels=diff_labels,
         diff_rate=diff_rate,
+        diff_offset=diff_offset,
     )
 
 
@@ -213,8 +219,8 @@ def _targets(meta: TokenMeta, clean: torch.Tensor, masked: torch.Tensor, rate: t
 
     def flat(sel: torch.Tensor):
         b, i = sel.nonzero(as_tuple=True)
-        return b * T + i, clean[b, i + 1], rate[b, i + 1]
+        return b * T + i, clean[b, i + 1], rate[b, i + 1], nxt.pos[b, i] - nxt.bstart[b, i] - 1
 
-    ar_index, ar_labels, _ = flat(ar)
-    diff_index, diff_labels, diff_rate = flat(diff)
-    return ar_index, ar_labels, diff_index, diff_labels, diff_rate
+    ar_index, ar_labels, _, _ = flat(ar)
+    diff_index, diff_labels, diff_rate, diff_offset = flat(diff)
+    return ar_index, ar_labels, diff_index, diff_labels, diff_rate, diff_offset

@@ -119,6 +119,7 @@ def build_single_stream_batch(
         diff_index=b * T + i,
         diff_labels=t["clean"][b, i],
         diff_rate=t["rate"][b, i],
+        diff_offset=meta.pos[b, i] - meta.bstart[b, i],  # unshifted: a block's every token is drafted
     )
 
 

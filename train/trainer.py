@@ -246,7 +246,7 @@ class Trainer:
             batches.append(build([rows[i] for i in ids_now], diffusion, self.tokens.special, gen, row_length=length))
         # The loss is normalised by the supervised tokens of the whole global batch, so every rank needs the totals.
         local = [
-            sum(float(diffusion_weights(b.diff_rate, diffusion).sum()) for b in batches),
+            sum(float(diffusion_weights(b.diff_rate, diffusion, b.diff_offset).sum()) for b in batches),
             sum(b.ar_index.numel() for b in batches),
             sum(b.diff_index.numel() for b in batches),
             sum(b.num_real_tokens for b in batches),
