@@ -41,7 +41,10 @@ def _pair(sparse, cfg=CFG):
     return joint, cached
 
 
-@pytest.mark.parametrize("sparse,cfg", [(False, CFG), (True, CFG), (False, DISTILLED)])
+ANCHORED = BlockDiffusionConfig(bd_size=4, views=2, ar_loss_weight=0.0, clean_causal=True, noised_layout="anchored")
+
+
+@pytest.mark.parametrize("sparse,cfg", [(False, CFG), (True, CFG), (False, DISTILLED), (True, ANCHORED)])
 def test_the_cached_clean_stream_gives_the_joint_forwards_loss_and_gradients(sparse, cfg):
     joint, cached = _pair(sparse, cfg)
     for seed in (0, 1):
