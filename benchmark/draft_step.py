@@ -9,7 +9,9 @@ slows each alike:
 - `adapter_joint`: a draft-only LoRA adapter (`--lora-rank`), both streams in one forward;
 - `adapter_cached`: the same adapter, the frozen clean stream once without grad (`--draft_step cached`).
 Prints each arm's median step time and its speed-up over `full`; the two adapter arms' losses must agree
-(the same step, computed two ways).
+(the same step, computed two ways). It also times the clean pass alone (the base over the rows' clean
+tokens, no grad, keys/values kept): its share of the cached step is what a cache of the base's keys/values
+kept across epochs could save at most, from the second epoch on (issue 25).
 """
 
 from __future__ import annotations
@@ -58,6 +60,20 @@ def _arm(base, arm: str, args, mask_id: int):
     return TwoStreamLM(model, cfg, frozen_clean=arm == "adapter_cached")
 
 
+def _clean_pass_seconds(base, batch) -> float:
+    """The cached step's first pass on its own: the base model over each row's clean tokens, no grad, a
+    cache of keys/values filled (what a cross-epoch cache would replace by a read)."""
+    from transformers import DynamicCache
+
+    clean = batch.meta.stream == 0
+    ids = batch.input_ids[clean].view(batch.input_ids.shape[0], -1)  # one sample a row: equal clean lengths
+    pos = batch.meta.pos[clean].view_as(ids)
+    start = time.perf_counter()
+    with torch.no_grad():
+        base.get_decoder()(input_ids=ids, position_ids=pos, past_key_values=DynamicCache(config=base.config), use_cache=True)
+    return time.perf_counter() - start
+
+
 def measure(args) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -72,7 +88,7 @@ def measure(args) -> dict:
     lms = {arm: _arm(base, arm, args, mask_id) for arm in ARMS}
     opts = {arm: torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=1e-5) for arm, lm in lms.items()}
     rows = _rows(vocab, args)
-    times = {arm: [] for arm in ARMS}
+    times = {arm: [] for arm in (*ARMS, "clean_pass")}
     losses = {arm: [] for arm in ARMS}
     for r in range(args.warmup + args.repeats):
         batch = build_batch(rows, lms["full"].cfg, SpecialIds(mask_id, filler), noise_generator(0, 0, r))
@@ -86,6 +102,9 @@ def measure(args) -> dict:
             if r >= args.warmup:
                 times[arm].append(time.perf_counter() - start)
                 losses[arm].append(float(parts.loss.detach()))
+        seconds = _clean_pass_seconds(base, batch)
+        if r >= args.warmup:
+            times["clean_pass"].append(seconds)
     median = {arm: statistics.median(t) for arm, t in times.items()}
     return {
         "model": args.model,
@@ -96,6 +115,7 @@ def measure(args) -> dict:
         "step_s": median,
         "speedup_vs_full": {arm: median["full"] / median[arm] for arm in ARMS},
         "cached_vs_joint": median["adapter_joint"] / median["adapter_cached"],
+        "clean_pass_share_of_cached": median["clean_pass"] / median["adapter_cached"],
         "adapter_losses_agree": all(
             abs(a - b) <= 1e-4 * max(1.0, abs(a)) for a, b in zip(losses["adapter_joint"], losses["adapter_cached"])
         ),
@@ -120,6 +140,11 @@ def main(argv=None) -> int:
     for arm in ARMS:
         print(f"{arm:<15} {result['step_s'][arm]:.3f} s/step   {result['speedup_vs_full'][arm]:.2f}x full")
     print(f"cached vs joint: {result['cached_vs_joint']:.2f}x   adapter losses agree: {result['adapter_losses_agree']}")
+    share = result["clean_pass_share_of_cached"]
+    print(
+        f"clean pass alone: {result['step_s']['clean_pass']:.3f} s = {share:.0%} of the cached step: a cache of the "
+        f"base's keys/values kept across epochs could make later epochs' steps at most {1 / (1 - share):.2f}x faster"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
