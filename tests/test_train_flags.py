@@ -21,6 +21,7 @@ EVAL_FILE = Path(__file__).parent / "fixtures" / "gsm8k.jsonl"
         (["--ar_only", "--within_block_causal"], "--within_block_causal"),
         (["--max_length", "16", "--bd_size", "32"], "--max_length"),
         (["--lr", "0"], "--lr"),
+        (["--prefix_gamma", "-1"], "--prefix_gamma"),
         (["--warmup", "50", "--max_steps", "10"], "--warmup"),
         (["--lr_min_ratio", "2"], "--lr_min_ratio"),
         (["--grad_clip", "-1"], "--grad_clip"),
@@ -65,6 +66,9 @@ def test_derived_values():
     assert parse_args(BASE).lr == 1e-5 and parse_args(BASE + ["--lora_rank", "8"]).lr == 1e-5
     assert parse_args(BASE + ["--lora_rank", "8", "--draft_adapter"]).lr == 3e-3
     assert parse_args(BASE + ["--lora_rank", "8", "--draft_adapter", "--lr", "1e-4"]).lr == 1e-4
+    # Prefix weights by recipe (measured, docs/results.md "Session 40"): a draft adapter exp(-j/4), else none
+    assert draft.diffusion.prefix_gamma == 4.0 and JobConfig.from_args(parse_args(BASE)).diffusion.prefix_gamma == 0.0
+    assert parse_args(BASE + ["--lora_rank", "8", "--draft_adapter", "--prefix_gamma", "0"]).prefix_gamma == 0.0
 
 
 def test_job_config_places_every_flag_in_one_section():

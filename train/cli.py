@@ -41,6 +41,9 @@ FULL_FT_LR = OptimSection.lr
 # A draft adapter leaves the AR head alone, so its rate is free of the AR constraint: on SmolLM2 at 10 CPU
 # minutes 3e-3 drafted best (1e-2 diverged; docs/results.md, "Recipe sweep").
 DRAFT_ADAPTER_LR = 3e-3
+# A draft adapter serves self-spec, which accepts a draft only after every draft before it: weighting the
+# j-th draft by exp(-j/4) drafted best of {0, 2, 4} on SmolLM2 at 10 CPU minutes (docs/results.md, "Session 40").
+DRAFT_ADAPTER_PREFIX_GAMMA = 4.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,8 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
         b,
         BD,
         "prefix_gamma",
-        "weight the diffusion target j tokens after its block's seed by exp(-j/gamma), so the first drafts, which "
-        "self-spec accepts first, weigh most (default %(default)g: every position the same)",
+        "weight the j-th draft of a block (j = 0 right after the seed) by exp(-j/gamma), so the first drafts, "
+        f"which self-spec accepts first, weigh most (default {DRAFT_ADAPTER_PREFIX_GAMMA:g} with --draft_adapter, "
+        "the best of a measured sweep; else 0: every position the same)",
+        resolved=True,
     )
     field_flag(
         b,
@@ -260,6 +265,10 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     _check_lora(args, chosen_by, bad)
     if args.lr is None:
         args.lr = DRAFT_ADAPTER_LR if args.draft_adapter else FULL_FT_LR
+    if args.prefix_gamma is None:
+        args.prefix_gamma = DRAFT_ADAPTER_PREFIX_GAMMA if args.draft_adapter and not ar_sft else 0.0
+    if args.prefix_gamma < 0:
+        bad("--prefix_gamma", "must be >= 0 (0: every draft position weighs the same)")
     if args.views is None:
         args.views = BlockDiffusionConfig.views
     if args.ar_loss_weight < 0:
@@ -342,7 +351,7 @@ def _check_ar_sft(args, chosen_by: str, bad) -> None:
         "--views": args.views is not None,
         "--ar_loss_weight": args.ar_loss_weight is not None,
         "--loss_weighting": args.loss_weighting != BlockDiffusionConfig.loss_weighting,
-        "--prefix_gamma": args.prefix_gamma != BlockDiffusionConfig.prefix_gamma,
+        "--prefix_gamma": args.prefix_gamma is not None,
         "--draft_kl_weight": args.draft_kl_weight != BlockDiffusionConfig.draft_kl_weight,
         "--noised_layout": args.noised_layout != BlockDiffusionConfig.noised_layout,
     }
