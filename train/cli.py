@@ -9,7 +9,6 @@ from train.cli_fields import field_flag
 from train.cli_recipes import check_eval, check_model_id, check_opd, check_rl, eval_flags, recipe_flags
 from train.config import (
     LOSS_WEIGHTINGS,
-    NOISED_LAYOUTS,
     OBJECTIVES,
     RECIPES,
     BlockDiffusionConfig,
@@ -110,15 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
         f"which self-spec accepts first, weigh most (default {DRAFT_ADAPTER_PREFIX_GAMMA:g} with --draft_adapter, "
         "the best of a measured sweep; else 0: every position the same)",
         resolved=True,
-    )
-    field_flag(
-        b,
-        BD,
-        "noised_layout",
-        "the noised rows: views (complementary random masks over block-aligned copies of each response: trains "
-        "diffusion and self-spec) or anchored (fully masked canvases at random anchors, the seed clean: exactly "
-        "what self-spec drafts from; dense models) (default %(default)s)",
-        choices=NOISED_LAYOUTS,
     )
     field_flag(
         b,
@@ -353,7 +343,6 @@ def _check_ar_sft(args, chosen_by: str, bad) -> None:
         "--loss_weighting": args.loss_weighting != BlockDiffusionConfig.loss_weighting,
         "--prefix_gamma": args.prefix_gamma is not None,
         "--draft_kl_weight": args.draft_kl_weight != BlockDiffusionConfig.draft_kl_weight,
-        "--noised_layout": args.noised_layout != BlockDiffusionConfig.noised_layout,
     }
     for flag, is_given in given.items():
         if is_given:

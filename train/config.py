@@ -9,8 +9,6 @@ LOSS_WEIGHTINGS = ("uniform", "inverse_rate")
 # two_stream: clean stream + noised views, shifted targets, an AR head (docs/design.md section 2);
 # single_stream: one stream masked in place, unshifted targets, no AR head (train/single_stream.py).
 OBJECTIVES = ("two_stream", "single_stream")
-# How the two-stream row lays out its noised rows (docs/design.md section 2).
-NOISED_LAYOUTS = ("views", "anchored")
 # What a run trains (train/recipes.py): block-diffusion SFT, plain AR SFT, on-policy distillation, RL.
 RECIPES = ("sft", "ar_sft", "opd", "rl")
 
@@ -49,7 +47,6 @@ class BlockDiffusionConfig:
     loss_weighting: str = "uniform"
     prefix_gamma: float = 0.0
     draft_kl_weight: float = 0.0
-    noised_layout: str = "views"
     min_rate: float = 1e-3
     objective: str = "two_stream"
 
@@ -79,20 +76,12 @@ class BlockDiffusionConfig:
             raise ValueError(f"min_rate={self.min_rate} must lie in (0, 1)")
         if self.clean_causal is None:
             object.__setattr__(self, "clean_causal", self.ar_loss_weight > 0)
-        if self.noised_layout not in NOISED_LAYOUTS:
-            raise ValueError(f"noised_layout={self.noised_layout!r}: choose one of {NOISED_LAYOUTS}")
         if not 0.0 <= self.draft_kl_weight <= 1.0:
             raise ValueError(f"draft_kl_weight={self.draft_kl_weight} must lie in [0, 1]")
         if self.draft_kl_weight > 0 and (self.single_stream or self.views == 0 or not self.clean_causal):
             raise ValueError(
                 "draft_kl_weight > 0 distils the drafts towards the clean stream's AR distribution: it needs the "
                 "two-stream objective with a causal clean stream (ar_loss_weight > 0, or a draft adapter)"
-            )
-        if self.noised_layout == "anchored" and (self.single_stream or self.views == 0 or not self.clean_causal):
-            raise ValueError(
-                "noised_layout=anchored places canvases at any position of the two-stream row, which is only sound "
-                "when no clean key sees past its own position: it needs views >= 1 and a causal clean stream "
-                "(ar_loss_weight > 0, or a draft adapter)"
             )
         if self.ar_loss_weight > 0 and not self.clean_causal:
             raise ValueError(
@@ -119,7 +108,6 @@ _RESUME_MUST_MATCH_COMMON = (
     "objective",
     "bd_size",
     "views",
-    "noised_layout",
     "within_block_causal",
     "max_length",
     "pack",
@@ -273,7 +261,6 @@ DIFFUSION_FLAGS = (
     "loss_weighting",
     "prefix_gamma",
     "draft_kl_weight",
-    "noised_layout",
     "views",
 )
 RESUME_MUST_MATCH = _RESUME_MUST_MATCH_COMMON + OPDSection.RESUME_MUST_MATCH + RLSection.RESUME_MUST_MATCH
@@ -315,7 +302,6 @@ class JobConfig:
                 loss_weighting=flags["loss_weighting"],
                 prefix_gamma=flags["prefix_gamma"],
                 draft_kl_weight=flags["draft_kl_weight"],
-                noised_layout=flags["noised_layout"],
                 objective=flags["objective"],
                 # a draft adapter's clean stream is the base model, which is causal
                 clean_causal=True if flags.get("draft_adapter") else None,

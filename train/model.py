@@ -103,11 +103,6 @@ class TwoStreamLM(nn.Module):
                 "--objective single_stream needs every layer to see its whole block both ways; gated-delta "
                 "(linear attention) layers are recurrent and have no such form yet: use --objective two_stream"
             )
-        if self.hybrid and cfg.noised_layout == "anchored":
-            raise NotImplementedError(
-                "--noised_layout anchored puts canvases at any position; the two-stream gated-delta layers start a "
-                "noised block from the clean state at an aligned block start only: use --noised_layout views"
-            )
         if self.hybrid:  # gated-delta layers get the two-stream forward; the model is changed in place
             patch_gated_delta_layers(model)
         self.model = model

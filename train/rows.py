@@ -5,10 +5,6 @@ A row packs documents; each document contributes `[C ; N_1 ; ... ; N_V]`:
 - N_v: every supervised response, noised, with the last block of each response filled to
        `bd_size` with the filler token; noised tokens reuse their clean copies' positions.
 Blocks are counted from the start of each supervised span (multi-turn: every assistant turn).
-
-With `noised_layout="anchored"` the noised rows are instead V * (blocks of the response) canvases of
-`bd_size` at random anchors of the response: the anchor's token clean (the seed), the rest masked,
-which is what self-spec drafts from (each canvas is a block of its own, starting at its anchor).
 """
 
 from __future__ import annotations
@@ -105,30 +101,13 @@ def two_stream_length(sample: Sample, bd_size: int, views: int) -> int:
     return len(sample.input_ids) + views * noised
 
 
-def _anchored_canvases(tokens, start, end, first_block, cfg, ids, generator):
-    """`views` x (blocks of the span) canvases at anchors drawn uniformly from the span's positions that
-    have a token after them: (clean ids with fillers past the span, positions, block ids, block starts)."""
-    B = cfg.bd_size
-    n = cfg.views * -(-(end - start) // B)
-    anchors = torch.randint(start, max(start, end - 2) + 1, (n,), generator=generator)
-    pos = (anchors[:, None] + torch.arange(B)).flatten()
-    inside = pos < end
-    clean = torch.where(inside, tokens[pos.clamp(max=end - 1)], ids.filler_id)
-    blk = (first_block + torch.arange(n))[:, None].expand(n, B).flatten()
-    return clean, pos, blk, anchors[:, None].expand(n, B).flatten(), inside
-
-
-def _layout_row(
-    samples: Sequence[Sample], cfg: BlockDiffusionConfig, ids: SpecialIds, generator: torch.Generator | None = None
-) -> dict[str, torch.Tensor]:
-    """Per-token metadata of one packed row, before noise. `slot` ties a noised token's copies across views;
-    `real` marks the tokens that are response tokens of their document (not fillers)."""
-    keys = ("clean", "stream", "doc", "pos", "blk", "bstart", "slot", "real")
-    parts: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
+def _layout_row(samples: Sequence[Sample], cfg: BlockDiffusionConfig, ids: SpecialIds) -> dict[str, torch.Tensor]:
+    """Per-token metadata of one packed row, before noise. `slot` ties a noised token's copies across views."""
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("clean", "stream", "doc", "pos", "blk", "bstart", "slot")}
     num_blocks = num_slots = 0
 
-    def add(clean, stream, doc, pos, blk, bstart, slot, real):
-        for key, value in zip(parts, (clean, stream, doc, pos, blk, bstart, slot, real)):
+    def add(clean, stream, doc, pos, blk, bstart, slot):
+        for key, value in zip(parts, (clean, stream, doc, pos, blk, bstart, slot)):
             parts[key].append(value if isinstance(value, torch.Tensor) else torch.full_like(pos, value))
 
     B = cfg.bd_size
@@ -139,7 +118,7 @@ def _layout_row(
         pos = torch.arange(L)
         blk = torch.full((L,), -1)
         bstart = pos.clone()
-        noised = []  # per span: (clean ids with fillers, positions, block ids, block starts, real)
+        noised = []  # per span: (clean ids with fillers, positions, block ids, block starts)
         for start, end in sample.spans:
             padded = -(-(end - start) // B) * B
             npos = torch.arange(start, start + padded)
@@ -149,24 +128,14 @@ def _layout_row(
             bstart[start:end] = nbstart[: end - start]
             nclean = torch.full((padded,), ids.filler_id)
             nclean[: end - start] = tokens[start:end]
-            noised.append((nclean, npos, nblk, nbstart, npos < end))
+            noised.append((nclean, npos, nblk, nbstart))
             num_blocks += padded // B
-        add(tokens, CLEAN_STREAM, doc, pos, blk, bstart, -1, True)
-        if cfg.noised_layout == "anchored":  # one stream of canvases, each a block of its own
-            canvases = []
-            for start, end in sample.spans:
-                canvases.append(_anchored_canvases(tokens, start, end, num_blocks, cfg, ids, generator))
-                num_blocks += canvases[-1][2].numel() // B
-            cat = [torch.cat(x) for x in zip(*canvases)]
-            slot = torch.arange(num_slots, num_slots + cat[0].numel())
-            add(cat[0], 1, doc, cat[1], cat[2], cat[3], slot, cat[4])
-            num_slots += cat[0].numel()
-            continue
+        add(tokens, CLEAN_STREAM, doc, pos, blk, bstart, -1)
         n_noised = sum(t[0].numel() for t in noised)
         for view in range(1, cfg.views + 1):
             slot = torch.arange(num_slots, num_slots + n_noised)
             cat = [torch.cat(x) for x in zip(*noised)]
-            add(cat[0], view, doc, cat[1], cat[2], cat[3], slot, cat[4])
+            add(cat[0], view, doc, cat[1], cat[2], cat[3], slot)
         num_slots += n_noised
 
     row = {k: torch.cat(v) for k, v in parts.items()}
@@ -188,36 +157,32 @@ def build_batch(
     row_length: int | None = None,
 ) -> TwoStreamBatch:
     """Lay out, noise and label a batch of packed rows. Padded to `row_length` (default: longest row)."""
-    layouts = [_layout_row(r, cfg, ids, generator) for r in rows]
+    layouts = [_layout_row(r, cfg, ids) for r in rows]
     longest = max(lay["clean"].numel() for lay in layouts)
     T = row_length if row_length is not None else longest
     if T < longest:
         raise ValueError(f"row_length={T} is shorter than a packed row of {longest} tokens")
 
-    cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("input", "clean", "masked", "rate", "real", *TokenMeta._fields)}
+    cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("input", "clean", "masked", "rate", *TokenMeta._fields)}
     for lay in layouts:
         noised = lay["stream"] > CLEAN_STREAM
         masked = torch.zeros_like(noised)
         rate = torch.zeros(noised.shape)
-        if cfg.noised_layout == "anchored":  # every canvas token but its seed, always
-            m, r = lay["pos"][noised] != lay["bstart"][noised], torch.ones(int(noised.sum()))
-        else:
-            m, r = draw_masks(
-                lay["stream"][noised],
-                lay["blk"][noised],
-                lay["slot"][noised],
-                num_views=cfg.views,
-                num_blocks=int(lay["num_blocks"]),
-                num_slots=int(lay["num_slots"]),
-                min_rate=cfg.min_rate,
-                generator=generator,
-            )
+        m, r = draw_masks(
+            lay["stream"][noised],
+            lay["blk"][noised],
+            lay["slot"][noised],
+            num_views=cfg.views,
+            num_blocks=int(lay["num_blocks"]),
+            num_slots=int(lay["num_slots"]),
+            min_rate=cfg.min_rate,
+            generator=generator,
+        )
         masked[noised], rate[noised] = m, r
         inp = torch.where(masked, ids.mask_id, lay["clean"])
         cols["input"].append(_pad(inp, T, ids.filler_id))
         cols["clean"].append(_pad(lay["clean"], T, ids.filler_id))
         cols["masked"].append(_pad(masked, T, False))
-        cols["real"].append(_pad(lay["real"].bool(), T, False))
         cols["rate"].append(torch.cat([rate, torch.zeros(T - rate.numel())]))
         cols["stream"].append(_pad(lay["stream"], T, PAD_STREAM))
         cols["doc"].append(_pad(lay["doc"], T, -1))
@@ -227,7 +192,7 @@ def build_batch(
     t = {k: torch.stack(v) for k, v in cols.items()}
     meta = TokenMeta(*(t[f] for f in TokenMeta._fields))
     ar_index, ar_labels, diff_index, diff_labels, diff_rate, diff_offset, diff_teacher = _targets(
-        meta, t["clean"], t["masked"], t["rate"], t["real"]
+        meta, t["clean"], t["masked"], t["rate"]
     )
     return TwoStreamBatch(
         input_ids=t["input"],
@@ -244,7 +209,7 @@ def build_batch(
     )
 
 
-def _targets(meta: TokenMeta, clean: torch.Tensor, masked: torch.Tensor, rate: torch.Tensor, real: torch.Tensor):
+def _targets(meta: TokenMeta, clean: torch.Tensor, masked: torch.Tensor, rate: torch.Tensor):
     """Shifted targets: row i predicts token i + 1 (docs/design.md section 4)."""
     B, T = clean.shape
     cur = TokenMeta(*(x[:, :-1] for x in meta))
@@ -262,17 +227,25 @@ def _targets(meta: TokenMeta, clean: torch.Tensor, masked: torch.Tensor, rate: t
 
     ar_index, ar_labels, _, _ = flat(ar)
     diff_index, diff_labels, diff_rate, diff_offset = flat(diff)
-    teacher = _clean_row_predicting(meta, real, diff_index // T, diff_index % T + 1)
+    teacher = _clean_row_predicting(meta, diff_index // T, diff_index % T + 1)
     return ar_index, ar_labels, diff_index, diff_labels, diff_rate, diff_offset, teacher
 
 
-def _clean_row_predicting(meta: TokenMeta, real: torch.Tensor, b: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+def _clean_row_predicting(meta: TokenMeta, b: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
     """Flat index of the clean row that predicts the noised token at slot (b, i): its document's clean row
-    at position pos - 1 (a document's clean stream is contiguous from position 0); -1 for a filler."""
+    at position pos - 1; -1 where the token is a filler (its position holds no token of the same block in
+    the clean stream: past the document, or the next turn's tokens)."""
     B, T = meta.pos.shape
     n_docs = int(meta.doc.max()) + 1 if meta.doc.numel() else 0
+    clean = meta.stream == CLEAN_STREAM
     start = torch.zeros(B, max(n_docs, 1), dtype=torch.long)
-    fb, fi = ((meta.stream == CLEAN_STREAM) & (meta.pos == 0)).nonzero(as_tuple=True)
+    length = torch.zeros(B, max(n_docs, 1), dtype=torch.long)
+    cb, ci = clean.nonzero(as_tuple=True)
+    length.index_put_((cb, meta.doc[cb, ci]), torch.ones_like(ci), accumulate=True)
+    fb, fi = (clean & (meta.pos == 0)).nonzero(as_tuple=True)
     start[fb, meta.doc[fb, fi]] = fi
-    row = b * T + start[b, meta.doc[b, i]] + meta.pos[b, i] - 1
-    return torch.where(real[b, i], row, -1)
+    pos, doc = meta.pos[b, i], meta.doc[b, i]
+    inside = pos < length[b, doc]
+    at = b * T + torch.where(inside, start[b, doc] + pos, 0)  # the clean slot of the same position
+    real = inside & (meta.blk.flatten()[at] == meta.blk[b, i])
+    return torch.where(real, at - 1, -1)
