@@ -36,10 +36,6 @@ def test_layout_of_a_small_sample_by_hand():
     # (offsets 0, 1, 2); the block at 7 drafts 8-10.
     target_pos = m.pos.flatten()[b.diff_index + 1]
     assert b.diff_offset.tolist() == [{4: 0, 5: 1, 6: 2, 8: 0, 9: 1, 10: 2}[p] for p in target_pos.tolist()]
-    # The clean row predicting the same token: clean slot pos - 1 (the clean stream is slots 0-7); the
-    # fillers at 8-10 are no token of the clean stream.
-    teacher = {4: 3, 5: 4, 6: 5, 8: -1, 9: -1, 10: -1}
-    assert b.diff_teacher_index.tolist() == [teacher[p] for p in target_pos.tolist()]
 
 
 def _rows(seed: int, cfg: BlockDiffusionConfig, *, turns: int = 1, pack: int = 1, n_rows: int = 2):
@@ -118,29 +114,6 @@ def test_odd_view_count_and_single_view():
         cfg = BlockDiffusionConfig(bd_size=4, views=views)
         _, b = _rows(5, cfg)
         assert int(b.meta.stream.max()) == views
-
-
-def test_teacher_rows_of_packed_documents_predict_the_same_token():
-    cfg = BlockDiffusionConfig(bd_size=4)
-    rows, b = _rows(3, cfg, turns=2, pack=3)
-    flat = {k: getattr(b.meta, k).flatten() for k in ("stream", "doc", "pos")}
-    clean = b.clean_ids.flatten()
-    T = b.input_ids.shape[1]
-    for target, teacher, label in zip((b.diff_index + 1).tolist(), b.diff_teacher_index.tolist(), b.diff_labels.tolist()):
-        row, doc, pos = target // T, int(flat["doc"][target]), int(flat["pos"][target])
-        found = [
-            j
-            for j in range(row * T, row * T + T)
-            if flat["stream"][j] == 0 and flat["doc"][j] == doc and flat["pos"][j] == pos - 1
-        ]
-        sample = rows[row][doc]
-        bstart = int(b.meta.bstart.flatten()[target])
-        span_end = next(end for start, end in sample.spans if start <= bstart < end)  # the span of its block
-        if pos < span_end:
-            assert [teacher] == found and clean[teacher + 1] == label == sample.input_ids[pos]
-        else:
-            assert teacher == -1 and label == FILLER_ID
-    assert (b.diff_teacher_index >= 0).any() and (b.diff_teacher_index < 0).any()
 
 
 def test_multiturn_blocks_restart_at_each_turn():

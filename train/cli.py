@@ -113,14 +113,6 @@ def build_parser() -> argparse.ArgumentParser:
     field_flag(
         b,
         BD,
-        "draft_kl_weight",
-        "lambda in (1 - lambda) * CE + lambda * KL(AR || draft) at every diffusion target that is a response token: "
-        "distils the drafts towards the clean stream's own AR distribution at the same position, which is what "
-        "self-spec verifies them against (default %(default)g: CE only)",
-    )
-    field_flag(
-        b,
-        BD,
         "views",
         f"noised views per row (default {BD.views}: complementary masks; two_stream only)",
         resolved=True,
@@ -342,7 +334,6 @@ def _check_ar_sft(args, chosen_by: str, bad) -> None:
         "--ar_loss_weight": args.ar_loss_weight is not None,
         "--loss_weighting": args.loss_weighting != BlockDiffusionConfig.loss_weighting,
         "--prefix_gamma": args.prefix_gamma is not None,
-        "--draft_kl_weight": args.draft_kl_weight != BlockDiffusionConfig.draft_kl_weight,
     }
     for flag, is_given in given.items():
         if is_given:

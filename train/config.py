@@ -46,7 +46,6 @@ class BlockDiffusionConfig:
     within_block_causal: bool = False
     loss_weighting: str = "uniform"
     prefix_gamma: float = 0.0
-    draft_kl_weight: float = 0.0
     min_rate: float = 1e-3
     objective: str = "two_stream"
 
@@ -76,13 +75,6 @@ class BlockDiffusionConfig:
             raise ValueError(f"min_rate={self.min_rate} must lie in (0, 1)")
         if self.clean_causal is None:
             object.__setattr__(self, "clean_causal", self.ar_loss_weight > 0)
-        if not 0.0 <= self.draft_kl_weight <= 1.0:
-            raise ValueError(f"draft_kl_weight={self.draft_kl_weight} must lie in [0, 1]")
-        if self.draft_kl_weight > 0 and (self.single_stream or self.views == 0 or not self.clean_causal):
-            raise ValueError(
-                "draft_kl_weight > 0 distils the drafts towards the clean stream's AR distribution: it needs the "
-                "two-stream objective with a causal clean stream (ar_loss_weight > 0, or a draft adapter)"
-            )
         if self.ar_loss_weight > 0 and not self.clean_causal:
             raise ValueError(
                 "ar_loss_weight > 0 needs clean_causal=True: the AR loss trains the clean stream as a causal LM"
@@ -260,7 +252,6 @@ DIFFUSION_FLAGS = (
     "within_block_causal",
     "loss_weighting",
     "prefix_gamma",
-    "draft_kl_weight",
     "views",
 )
 RESUME_MUST_MATCH = _RESUME_MUST_MATCH_COMMON + OPDSection.RESUME_MUST_MATCH + RLSection.RESUME_MUST_MATCH
@@ -301,7 +292,6 @@ class JobConfig:
                 within_block_causal=flags["within_block_causal"],
                 loss_weighting=flags["loss_weighting"],
                 prefix_gamma=flags["prefix_gamma"],
-                draft_kl_weight=flags["draft_kl_weight"],
                 objective=flags["objective"],
                 # a draft adapter's clean stream is the base model, which is causal
                 clean_causal=True if flags.get("draft_adapter") else None,

@@ -51,41 +51,6 @@ def token_ce(
     return torch.cat(parts)
 
 
-def _chunk_ce_kl(hidden: torch.Tensor, teacher: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor):
-    logp = torch.log_softmax((hidden @ weight.t()).float(), -1)
-    ce = -logp.gather(1, labels[:, None])[:, 0]
-    with torch.no_grad():  # the teacher is a target, not something to move
-        t = torch.log_softmax((teacher @ weight.t()).float(), -1)
-    return ce, (t.exp() * (t - logp)).sum(-1)
-
-
-def token_ce_kl(
-    hidden: torch.Tensor,
-    teacher: torch.Tensor,
-    weight: torch.Tensor,
-    labels: torch.Tensor,
-    *,
-    chunk_rows: int = 2048,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row, the CE of `hidden @ weight.T` against `labels` and KL(softmax(teacher @ weight.T) ||
-    softmax(hidden @ weight.T)), [M] each (fp32); no gradient reaches `teacher`. Chunked and recomputed
-    in backward like `token_ce`."""
-    if hidden.shape[0] == 0:
-        zero = hidden.new_zeros(0, dtype=torch.float32) + 0.0 * weight.sum()
-        return zero, zero
-    ces, kls = [], []
-    for start in range(0, hidden.shape[0], chunk_rows):
-        part = (hidden[start : start + chunk_rows], teacher[start : start + chunk_rows].detach())
-        y = labels[start : start + chunk_rows]
-        if torch.is_grad_enabled() and (part[0].requires_grad or weight.requires_grad):
-            ce, kl = checkpoint(_chunk_ce_kl, *part, weight, y, use_reentrant=False)
-        else:
-            ce, kl = _chunk_ce_kl(*part, weight, y)
-        ces.append(ce)
-        kls.append(kl)
-    return torch.cat(ces), torch.cat(kls)
-
-
 @dataclass
 class LossParts:
     loss: torch.Tensor  # (diff + w * ar) / (1 + w), what backward runs on

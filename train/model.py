@@ -17,7 +17,7 @@ from bdcore.gated_delta import LINEAR_LAYER_TYPES, is_hybrid
 from train.config import BlockDiffusionConfig
 from train.frozen_clean import frozen_clean_hidden
 from train.hybrid import build_layout, patch_gated_delta_layers
-from train.loss import LossParts, combine_losses, liger_available, token_ce, token_ce_kl
+from train.loss import LossParts, combine_losses, liger_available, token_ce
 from train.rows import TwoStreamBatch
 from train.sparse_attention import NAME as SPARSE_SDPA
 from train.sparse_attention import register as register_sparse_sdpa
@@ -179,12 +179,9 @@ class TwoStreamLM(nn.Module):
             return self.model.get_output_embeddings()(hidden[rows]).float()
         weight = self.model.get_output_embeddings().weight
         use_ar = self.cfg.ar_loss_weight > 0
-        if self.cfg.draft_kl_weight > 0:
-            ce = torch.cat([self._distilled_draft_loss(hidden, weight, batch), self._ar_ce(hidden, weight, batch)])
-        else:
-            index = torch.cat([batch.diff_index, batch.ar_index]) if use_ar else batch.diff_index
-            labels = torch.cat([batch.diff_labels, batch.ar_labels]) if use_ar else batch.diff_labels
-            ce = token_ce(hidden[index], weight, labels, chunk_rows=self.ce_chunk_rows, fused=self.fused_ce)
+        index = torch.cat([batch.diff_index, batch.ar_index]) if use_ar else batch.diff_index
+        labels = torch.cat([batch.diff_labels, batch.ar_labels]) if use_ar else batch.diff_labels
+        ce = token_ce(hidden[index], weight, labels, chunk_rows=self.ce_chunk_rows, fused=self.fused_ce)
         n_diff = batch.diff_index.numel()
         parts = combine_losses(
             ce[:n_diff],
@@ -200,19 +197,3 @@ class TwoStreamLM(nn.Module):
             parts.loss, parts.aux = parts.loss + self.router_aux_coef * aux_weight * aux, aux.detach()
             self._router_logits = None
         return parts
-
-    def _ar_ce(self, hidden: torch.Tensor, weight: torch.Tensor, batch: TwoStreamBatch) -> torch.Tensor:
-        if self.cfg.ar_loss_weight <= 0:
-            return hidden.new_zeros(0, dtype=torch.float32)
-        rows = hidden[batch.ar_index]
-        return token_ce(rows, weight, batch.ar_labels, chunk_rows=self.ce_chunk_rows, fused=self.fused_ce)
-
-    def _distilled_draft_loss(self, hidden: torch.Tensor, weight: torch.Tensor, batch: TwoStreamBatch) -> torch.Tensor:
-        """(1 - lambda) * CE + lambda * KL(AR || draft) per diffusion target (`--draft_kl_weight`): the AR
-        distribution is the clean row's that predicts the same token; a filler target has none (CE only)."""
-        lam = self.cfg.draft_kl_weight
-        teacher = batch.diff_teacher_index
-        has = teacher >= 0
-        rows, teacher_rows = hidden[batch.diff_index], hidden[teacher.clamp_min(0)]
-        ce, kl = token_ce_kl(rows, teacher_rows, weight, batch.diff_labels, chunk_rows=self.ce_chunk_rows)
-        return torch.where(has, (1 - lam) * ce + lam * kl, ce)

@@ -60,9 +60,6 @@ class TwoStreamBatch:
     # which draft each diffusion target is: 0 for the token right after its block's seed (the first
     # draft self-spec verifies), 1 for the next ... (None where an objective has no such order)
     diff_offset: torch.Tensor | None = None
-    # the clean row that predicts the same token (the AR head's distribution there is the drafts' target
-    # under --draft_kl_weight); -1 where the target is a filler, no token of the clean stream
-    diff_teacher_index: torch.Tensor | None = None
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -191,7 +188,7 @@ def build_batch(
         cols["bstart"].append(_pad(lay["bstart"], T, 0))
     t = {k: torch.stack(v) for k, v in cols.items()}
     meta = TokenMeta(*(t[f] for f in TokenMeta._fields))
-    ar_index, ar_labels, diff_index, diff_labels, diff_rate, diff_offset, diff_teacher = _targets(
+    ar_index, ar_labels, diff_index, diff_labels, diff_rate, diff_offset = _targets(
         meta, t["clean"], t["masked"], t["rate"]
     )
     return TwoStreamBatch(
@@ -205,7 +202,6 @@ def build_batch(
         diff_labels=diff_labels,
         diff_rate=diff_rate,
         diff_offset=diff_offset,
-        diff_teacher_index=diff_teacher,
     )
 
 
@@ -227,25 +223,4 @@ def _targets(meta: TokenMeta, clean: torch.Tensor, masked: torch.Tensor, rate: t
 
     ar_index, ar_labels, _, _ = flat(ar)
     diff_index, diff_labels, diff_rate, diff_offset = flat(diff)
-    teacher = _clean_row_predicting(meta, diff_index // T, diff_index % T + 1)
-    return ar_index, ar_labels, diff_index, diff_labels, diff_rate, diff_offset, teacher
-
-
-def _clean_row_predicting(meta: TokenMeta, b: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
-    """Flat index of the clean row that predicts the noised token at slot (b, i): its document's clean row
-    at position pos - 1; -1 where the token is a filler (its position holds no token of the same block in
-    the clean stream: past the document, or the next turn's tokens)."""
-    B, T = meta.pos.shape
-    n_docs = int(meta.doc.max()) + 1 if meta.doc.numel() else 0
-    clean = meta.stream == CLEAN_STREAM
-    start = torch.zeros(B, max(n_docs, 1), dtype=torch.long)
-    length = torch.zeros(B, max(n_docs, 1), dtype=torch.long)
-    cb, ci = clean.nonzero(as_tuple=True)
-    length.index_put_((cb, meta.doc[cb, ci]), torch.ones_like(ci), accumulate=True)
-    fb, fi = (clean & (meta.pos == 0)).nonzero(as_tuple=True)
-    start[fb, meta.doc[fb, fi]] = fi
-    pos, doc = meta.pos[b, i], meta.doc[b, i]
-    inside = pos < length[b, doc]
-    at = b * T + torch.where(inside, start[b, doc] + pos, 0)  # the clean slot of the same position
-    real = inside & (meta.blk.flatten()[at] == meta.blk[b, i])
-    return torch.where(real, at - 1, -1)
+    return ar_index, ar_labels, diff_index, diff_labels, diff_rate, diff_offset
