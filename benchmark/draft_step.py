@@ -70,7 +70,9 @@ def _clean_pass_seconds(base, batch) -> float:
     pos = batch.meta.pos[clean].view_as(ids)
     start = time.perf_counter()
     with torch.no_grad():
-        base.get_decoder()(input_ids=ids, position_ids=pos, past_key_values=DynamicCache(config=base.config), use_cache=True)
+        base.get_decoder()(
+            input_ids=ids, position_ids=pos, past_key_values=DynamicCache(config=base.config), use_cache=True
+        )
     return time.perf_counter() - start
 
 

@@ -17,7 +17,8 @@ from tests.train_args import train_args
 e2e = pytest.mark.e2e
 
 FLAGS = (
-    "--model_id --dataset --recipe --bd_size --ar_loss_weight --ar_only --within_block_causal --loss_weighting --prefix_gamma --views "
+    "--model_id --dataset --recipe --bd_size --ar_loss_weight --ar_only --within_block_causal --loss_weighting "
+    "--prefix_gamma --views "
     "--max_length --max_response_length --length_buckets --pack --multiturn --micro_batch_size --grad_accum "
     "--max_steps --lr --warmup --lr_min_ratio --weight_decay --grad_clip --max_nonfinite_steps --seed --save_dir "
     "--save_every "

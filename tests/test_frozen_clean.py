@@ -26,10 +26,10 @@ def _rows(seed):
     return [docs[:2], docs[2:3], docs[3:]]  # packed rows of different lengths (padding in the batch)
 
 
-def _pair(sparse):
+def _pair(sparse, cfg=CFG):
     base = adapted(tiny_model(), seed=1)
-    joint = TwoStreamLM(copy.deepcopy(base), CFG, cpu_block_sparse=sparse)
-    cached = TwoStreamLM(copy.deepcopy(base), CFG, cpu_block_sparse=sparse, frozen_clean=True)
+    joint = TwoStreamLM(copy.deepcopy(base), cfg, cpu_block_sparse=sparse)
+    cached = TwoStreamLM(copy.deepcopy(base), cfg, cpu_block_sparse=sparse, frozen_clean=True)
     for lm in (joint, cached):  # a draft adapter trains only its own weights
         for name, p in lm.named_parameters():
             p.requires_grad_("lora_" in name or "bd_mask_row" in name)
@@ -37,11 +37,14 @@ def _pair(sparse):
     return joint, cached
 
 
-@pytest.mark.parametrize("sparse", [False, True])
-def test_the_cached_clean_stream_gives_the_joint_forwards_loss_and_gradients(sparse):
-    joint, cached = _pair(sparse)
+PREFIX = BlockDiffusionConfig(bd_size=4, views=2, ar_loss_weight=0.0, clean_causal=True, prefix_gamma=2.0)
+
+
+@pytest.mark.parametrize("sparse,cfg", [(False, CFG), (True, CFG), (False, PREFIX)])
+def test_the_cached_clean_stream_gives_the_joint_forwards_loss_and_gradients(sparse, cfg):
+    joint, cached = _pair(sparse, cfg)
     for seed in (0, 1):
-        batch = build_batch(_rows(seed), CFG, SpecialIds(MASK_ID, FILLER_ID), noise_generator(seed, 0, 0))
+        batch = build_batch(_rows(seed), cfg, SpecialIds(MASK_ID, FILLER_ID), noise_generator(seed, 0, 0))
         real = batch.meta.stream >= 0
         h_joint, h_cached = joint.hidden_states(batch), cached.hidden_states(batch)
         torch.testing.assert_close(h_cached[real], h_joint[real], atol=2e-5, rtol=1e-4)
