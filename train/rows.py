@@ -58,8 +58,8 @@ class TwoStreamBatch:
     diff_labels: torch.Tensor
     diff_rate: torch.Tensor  # effective masking rate of each diffusion target's view
     # which draft each diffusion target is: 0 for the token right after its block's seed (the first
-    # draft self-spec verifies), 1 for the next ... (None where an objective has no such order)
-    diff_offset: torch.Tensor | None = None
+    # draft self-spec verifies), 1 for the next ...
+    diff_offset: torch.Tensor
 
     @property
     def position_ids(self) -> torch.Tensor:

@@ -99,6 +99,7 @@ def trajectory_rows(rollouts: list[Rollout], *, block: int, filler_id: int) -> S
         diff_index=_empty(),
         diff_labels=_empty(),
         diff_rate=torch.zeros(0),
+        diff_offset=_empty(),
     )
     flat = torch.tensor([r * T + i for r, i in rows], dtype=torch.long)
     as_long = [torch.tensor(x, dtype=torch.long) for x in (targets, owner, index)]
