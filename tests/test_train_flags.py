@@ -31,8 +31,6 @@ EVAL_FILE = Path(__file__).parent / "fixtures" / "gsm8k.jsonl"
         (["--draft_adapter"], "--draft_adapter"),
         (["--lora_rank", "-1"], "--lora_rank"),
         (["--lora_alpha", "8"], "--lora_alpha"),
-        (["--lora_plus_ratio", "8"], "--lora_plus_ratio"),
-        (["--lora_rank", "4", "--lora_plus_ratio", "0"], "--lora_plus_ratio"),
         (["--lora_rank", "4", "--ar_only"], "--lora_rank"),
         (["--lora_rank", "4", "--draft_adapter", "--ar_loss_weight", "0.5"], "--ar_loss_weight"),
         (["--lora_rank", "4", "--draft_adapter", "--within_block_causal"], "--within_block_causal"),

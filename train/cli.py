@@ -136,13 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
     field_flag(
         lo,
         LoraSection,
-        "lora_plus_ratio",
-        "LoRA+: the B matrices learn at this multiple of --lr, the A matrices and the <|mask|> row at --lr "
-        "(default %(default)s: one rate)",
-    )
-    field_flag(
-        lo,
-        LoraSection,
         "draft_adapter",
         "the adapter acts only at drafting rows; the checkpoint is the base model untouched plus the adapter "
         "(default off: a plain LoRA conversion, saved merged)",
@@ -359,16 +352,12 @@ def _check_lora(args, chosen_by: str, bad) -> None:
             bad("--draft_adapter", "needs LoRA: add --lora_rank R (e.g. 16)")
         if args.lora_alpha is not None:
             bad("--lora_alpha", "has no meaning without --lora_rank")
-        if args.lora_plus_ratio != 1.0:
-            bad("--lora_plus_ratio", "has no meaning without --lora_rank")
     else:
         if args.recipe == "ar_sft":
             bad("--lora_rank", f"converts to block diffusion; it has no meaning with {chosen_by}")
         args.lora_alpha = 2.0 * args.lora_rank if args.lora_alpha is None else args.lora_alpha
         if args.lora_alpha <= 0:
             bad("--lora_alpha", "must be > 0")
-    if not args.lora_plus_ratio > 0:
-        bad("--lora_plus_ratio", "must be > 0 (1: the B matrices learn at --lr like everything else)")
     if args.draft_adapter:
         if args.ar_loss_weight not in (None, 0):
             bad(

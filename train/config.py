@@ -113,7 +113,7 @@ _RESUME_MUST_MATCH_COMMON = (
     "draft_adapter",
 )
 # What shapes the learning-rate schedule: a resume may change these only with --allow_schedule_change.
-SCHEDULE_FLAGS = ("max_steps", "lr", "warmup", "lr_min_ratio", "lora_plus_ratio")
+SCHEDULE_FLAGS = ("max_steps", "lr", "warmup", "lr_min_ratio")
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,6 @@ class LoraSection:
     lora_rank: int = 0
     lora_alpha: float | None = None  # resolved to 2 x rank
     lora_targets: str = "all-linear"
-    lora_plus_ratio: float = 1.0  # the LoRA B matrices' lr as a multiple of --lr (LoRA+); 1: one rate
     draft_adapter: bool = False  # the adapter acts only at drafting rows; the clean stream is the base model
     draft_step: str = "cached"  # draft adapter: clean stream once without grad (cached) or in the joint forward
 

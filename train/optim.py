@@ -7,25 +7,13 @@ import math
 import torch
 
 
-def build_optimizer(
-    model: torch.nn.Module, *, lr: float, weight_decay: float, lora_b_lr_ratio: float = 1.0
-) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (not norms, biases or other vectors). With `lora_b_lr_ratio` != 1
-    the LoRA B matrices get their own group at that multiple of `lr` (LoRA+: B starts at zero and A at random,
-    so one rate for both under-trains B; the schedule scales every group alike)."""
-    decay, no_decay, lora_b = [], [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if lora_b_lr_ratio != 1.0 and ".lora_B." in name:
-            lora_b.append(p)
-        else:
+def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not norms, biases or other vectors)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if lora_b_lr_ratio != 1.0:
-        if not lora_b:
-            raise ValueError("a LoRA B learning-rate ratio was given, but the model has no LoRA B matrices")
-        groups.append({"params": lora_b, "weight_decay": weight_decay, "lr": lr * lora_b_lr_ratio})
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 

@@ -88,12 +88,7 @@ class Trainer:
                 {"trainable_params": trainable, "total_params": sum(p.numel() for p in params)},
             )
         optim, training = config.optim, config.training
-        self.optimizer = build_optimizer(
-            self.model,
-            lr=optim.lr,
-            weight_decay=optim.weight_decay,
-            lora_b_lr_ratio=config.lora.lora_plus_ratio,
-        )
+        self.optimizer = build_optimizer(self.model, lr=optim.lr, weight_decay=optim.weight_decay)
         self.scheduler = build_scheduler(
             self.optimizer, warmup=optim.warmup, max_steps=training.max_steps, min_ratio=optim.lr_min_ratio
         )
