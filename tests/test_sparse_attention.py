@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from tests.numerics import assert_as_close_to_truth
 from tests.tiny import FILLER_ID, MASK_ID, random_sample, tiny_hybrid_model, tiny_model
 from train import sparse_attention
 from train.config import BlockDiffusionConfig
@@ -25,15 +26,20 @@ def test_sparse_equals_dense_logits_and_gradients(arch, monkeypatch):
     rows = [[random_sample(rng, turns=2, max_prompt=20, max_resp=24) for _ in range(3)] for _ in range(2)]
     cfg = BlockDiffusionConfig(bd_size=4, ar_loss_weight=0.3)
     batch = build_batch(rows, cfg, IDS, noise_generator(0, 0, 0))
+    truth_model = copy.deepcopy(dense_model).double()  # the fp64 truth both fp32 paths approximate
     dense = TwoStreamLM(dense_model, cfg, cpu_block_sparse=False)
+    truth = TwoStreamLM(truth_model, cfg, cpu_block_sparse=False)
     sparse = TwoStreamLM(sparse_model, cfg, cpu_block_sparse=True)
     assert sparse_model.config._attn_implementation == sparse_attention.NAME
     real = batch.meta.stream >= 0
-    torch.testing.assert_close(sparse.logits(batch)[real], dense.logits(batch)[real], atol=2e-5, rtol=1e-5)
-    dense(batch).loss.backward()
-    sparse(batch).loss.backward()
-    for (n, a), b in zip(dense_model.named_parameters(), sparse_model.parameters()):
-        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=n)
+    with torch.no_grad():
+        logits = [lm.logits(batch)[real] for lm in (sparse, dense, truth)]
+    assert_as_close_to_truth(*logits, "logits")
+    for lm in (dense, sparse, truth):
+        lm(batch).loss.backward()
+    params = zip(dense_model.named_parameters(), sparse_model.parameters(), truth_model.parameters())
+    for (n, a), b, t in params:
+        assert_as_close_to_truth(b.grad, a.grad, t.grad, f"gradient of {n}")
 
 
 def test_plain_forward_of_a_switched_model_is_unchanged():
