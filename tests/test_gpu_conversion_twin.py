@@ -53,7 +53,8 @@ def test_the_campaign_runs_every_step_and_writes_results(tmp_path):
         "BASE": str(_plain_base(tmp_path / "base")),
         "PROMPTS": str(_prompts(tmp_path / "train.jsonl", 40, 0)),
         "HELDOUT": str(_prompts(tmp_path / "heldout.jsonl", 24, 1)),
-        "LIMIT": "0",
+        "TRAIN_LIMIT": "0",
+        "HELD_LIMIT": "0",
         "PY": str(Path(os.sys.executable)),
     }
     proc = subprocess.run(
