@@ -11,9 +11,12 @@ the engine's canvas rows) and is exactly zero at every other row (prompt, commit
 tokens, the clean stream). Those rows therefore run the base weights bit for bit, so the AR head, causal
 decoding and self-spec verification are the original model's, and self-spec is lossless against it.
 
-The switch is a forward hook on every LoRA `B` projection that multiplies its output by the forward's
-row gate (1 at drafting rows, 0 elsewhere); every forward of a model with a draft adapter must say which
-rows draft (`draft_rows`), so that no caller can forget it silently.
+The switch is the adapted projections' own forward (`_gated_lora_forward`): the base projection at every
+row, and the low-rank product only at the forward's drafting rows (gathered, multiplied, added back), so a
+forward with no drafting row (causal decoding, verification, the trainer's clean pass) costs what the base
+model's does, and one with a few (a self-spec step) pays the adapter for those rows only. Every forward of a
+model with a draft adapter must say which rows draft (`draft_rows`), so that no caller can forget it
+silently.
 
 peft is used as made (`inject_adapter_in_model`, its state-dict helpers and adapter directory format),
 so a draft adapter directory is a stock peft LoRA adapter over the stock base checkpoint, plus
@@ -62,25 +65,85 @@ class DraftGate:
     """The per-row switch of a draft-only adapter. `rows` is a bool [B, T] for the current forward."""
 
     def __init__(self):
-        self.rows: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None
         self.batch_row: int | None = None  # set while a layer runs one batch row alone (hybrid decode)
+        self._plans: dict = {}
 
-    def __call__(self, module, args, out):
-        rows = self.rows
+    @property
+    def rows(self) -> torch.Tensor | None:
+        return self._rows
+
+    @rows.setter
+    def rows(self, value: torch.Tensor | None) -> None:
+        self._rows, self._plans = value, {}
+
+    def plan(self, shape: torch.Size) -> tuple[str, torch.Tensor | None]:
+        """How a LoRA input of `shape` is gated: ("none" | "all" | "some", flat indices of its drafting rows
+        for "some"). Worked out once per forward and input shape: every adapted projection shares it."""
+        key = (tuple(shape[:-1]), self.batch_row)
+        if key not in self._plans:
+            rows = self._rows_for(shape[:-1])
+            if not rows.any():
+                self._plans[key] = ("none", rows.reshape(-1).nonzero().squeeze(1))
+            elif rows.all():
+                self._plans[key] = ("all", None)
+            else:
+                self._plans[key] = ("some", rows.reshape(-1).nonzero().squeeze(1))
+        return self._plans[key]
+
+    def _rows_for(self, lead: torch.Size) -> torch.Tensor:
+        rows = self._rows
         if rows is None:
             raise RuntimeError(
                 "a model with a draft-only adapter ran without saying which rows draft; wrap the forward in "
                 "bdcore.draft_adapter.draft_rows(model, rows)"
             )
-        if out.dim() == rows.dim() + 1 and out.shape[:-1] == rows.shape:
-            gate = rows
-        elif self.batch_row is not None and out.dim() == 2:  # one batch row's rows, [Q, F]
-            gate = rows[self.batch_row, : out.shape[0]]
-        elif out.shape[:-1].numel() == rows.numel():  # the layer flattened [B, T] to [B * T]
-            gate = rows.reshape(out.shape[:-1])
-        else:
-            raise RuntimeError(f"draft gate of shape {tuple(rows.shape)} does not fit LoRA output {tuple(out.shape)}")
-        return out * gate[..., None].to(out.dtype)
+        if tuple(lead) == tuple(rows.shape):
+            return rows
+        if self.batch_row is not None and len(lead) == 1:  # one batch row's rows, [Q, F]
+            return rows[self.batch_row, : lead[0]]
+        if lead.numel() == rows.numel():  # the layer flattened [B, T] to [B * T]
+            return rows.reshape(lead)
+        raise RuntimeError(f"draft gate of shape {tuple(rows.shape)} does not fit LoRA input rows {tuple(lead)}")
+
+
+def _gated_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """A draft-only adapter's projection: the base layer at every row, plus the LoRA term at drafting rows
+    only. Non-drafting rows are the base layer's output itself (no term times zero), drafting rows are what
+    peft's own forward computes there (its LoRA is vanilla, without dropout: `LoraSpec`)."""
+    result = self.base_layer(x, *args, **kwargs)
+    kind, index = draft_gate(self).plan(x.shape)
+    if kind == "none" and not torch.is_grad_enabled():
+        return result
+    lora_a, lora_b = self.lora_A[ADAPTER_NAME], self.lora_B[ADAPTER_NAME]
+    scale = self.scaling[ADAPTER_NAME]
+    x = self._cast_input_dtype(x, lora_a.weight.dtype)
+    if kind == "all":
+        return (result + lora_b(lora_a(x)) * scale).to(result.dtype)
+    # "some", or "none" under grad: the empty product keeps the adapter's gradients defined (zeros), as
+    # data-parallel reduction expects of every trainable parameter
+    flat = result.reshape(-1, result.shape[-1])
+    delta = lora_b(lora_a(x.reshape(-1, x.shape[-1]).index_select(0, index))) * scale
+    return flat.index_add(0, index, delta.to(flat.dtype)).view_as(result)
+
+
+_GATED_CLASSES: dict[type, type] = {}
+
+
+def _gate_lora_layer(module) -> None:
+    """Give one peft LoRA linear layer the gated forward (a subclass, so that copies and FSDP keep it)."""
+    from peft.tuners.lora.layer import Linear
+
+    if not isinstance(module, Linear):
+        raise NotImplementedError(f"a draft-only adapter on {type(module).__name__}: only linear projections")
+    cls = type(module)
+    if cls in _GATED_CLASSES.values():
+        return
+    if cls not in _GATED_CLASSES:  # a named module-level class, so that a pickled model finds it
+        name = f"DraftGated{cls.__name__}"
+        gated = type(name, (cls,), {"forward": _gated_lora_forward, "__module__": __name__})
+        _GATED_CLASSES[cls] = globals()[name] = gated
+    module.__class__ = _GATED_CLASSES[cls]
 
 
 class _SwapMaskRow:
@@ -106,11 +169,10 @@ def add_lora(model, spec: LoraSpec, mask_id: int):
     object.__setattr__(embed, MASK_ID_ATTR, mask_id)
     if spec.draft_only:
         gate = DraftGate()
-        for name, module in model.named_modules():
-            if name.endswith(f"lora_B.{ADAPTER_NAME}"):
-                module.register_forward_hook(gate)
         for module in model.modules():  # the model and every layer can find it
             object.__setattr__(module, GATE_ATTR, gate)
+            if hasattr(module, "lora_A") and ADAPTER_NAME in module.lora_A:
+                _gate_lora_layer(module)
     return model
 
 

@@ -1,0 +1,113 @@
+"""A draft-only adapter computes its low-rank term at drafting rows only (issue 41): a forward with no
+drafting row runs no LoRA product at all, one with some runs it on those rows alone, and what each row gets
+is what peft's own LoRA forward gives there (drafting rows) or the base projection itself (the rest)."""
+
+import copy
+
+import pytest
+import torch
+
+from bdcore.draft_adapter import ADAPTER_NAME, LoraSpec, add_lora, draft_rows
+from tests.test_draft_adapter import randomize_adapter
+from tests.tiny import MASK_ID, tiny_model
+
+
+def _adapted(draft_only=True):
+    model = add_lora(tiny_model(), LoraSpec(rank=4, alpha=8, draft_only=draft_only), MASK_ID)
+    randomize_adapter(model, seed=2)
+    return model
+
+
+def _lora_rows_seen(model):
+    """Rows that reached each LoRA A projection, per forward call, in call order."""
+    seen = []
+    for name, module in model.named_modules():
+        if name.endswith(f"lora_A.{ADAPTER_NAME}"):
+            module.register_forward_hook(
+                lambda m, args, out: seen.append(args[0].reshape(-1, args[0].shape[-1]).shape[0])
+            )
+    return seen
+
+
+def _projections(model):
+    return [m for m in model.modules() if hasattr(m, "lora_A") and ADAPTER_NAME in m.lora_A]
+
+
+def test_a_forward_without_drafting_rows_runs_no_lora_product():
+    model = _adapted()
+    seen = _lora_rows_seen(model)
+    ids = torch.randint(0, 90, (2, 9))
+    with torch.no_grad(), draft_rows(model, torch.zeros_like(ids, dtype=torch.bool)):
+        model(input_ids=ids)
+    assert seen == []
+
+
+def test_a_mixed_forward_runs_the_product_on_its_drafting_rows_only():
+    model = _adapted()
+    seen = _lora_rows_seen(model)
+    ids = torch.randint(0, 90, (2, 9))
+    rows = torch.zeros_like(ids, dtype=torch.bool)
+    rows[0, 5:], rows[1, 7:] = True, True
+    with torch.no_grad(), draft_rows(model, rows):
+        model(input_ids=ids)
+    assert seen and set(seen) == {int(rows.sum())}
+
+
+@pytest.mark.parametrize("drafting", ["none", "some", "all"])
+def test_each_row_gets_peft_lora_or_the_base_projection(drafting):
+    """Per projection, on random inputs: drafting rows equal peft's own LoRA forward (the same weights, an
+    adapter that is not draft-only), the other rows equal the base layer's output bit for bit."""
+    gated, plain = _adapted(), _adapted(draft_only=False)
+    x = torch.randn(3, 6, gated.config.hidden_size)
+    rows = {"none": torch.zeros(3, 6, dtype=torch.bool), "all": torch.ones(3, 6, dtype=torch.bool)}.get(
+        drafting, torch.rand(3, 6, generator=torch.Generator().manual_seed(0)) < 0.4
+    )
+    for g, p in zip(_projections(gated), _projections(plain)):
+        if g.in_features != x.shape[-1]:
+            continue
+        with torch.no_grad(), draft_rows(gated, rows):
+            got = g(x)
+        with torch.no_grad():
+            lora, base = p(x), p.base_layer(x)
+        assert torch.equal(got[~rows], base[~rows])
+        torch.testing.assert_close(got[rows], lora[rows], atol=1e-6, rtol=1e-5)
+        assert not torch.equal(lora[rows], base[rows]) or not rows.any(), "the adapter changes drafting rows"
+
+
+def test_gradients_reach_the_adapter_from_drafting_rows_only():
+    """Under grad a forward without drafting rows still gives the adapter zero gradients (not None: FSDP
+    reduces every trainable parameter), and a mixed one the gradient of a plain LoRA restricted to its rows."""
+    model = _adapted()
+    proj = _projections(model)[0]
+    x = torch.randn(2, 5, proj.in_features)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    weights = [proj.lora_A[ADAPTER_NAME].weight, proj.lora_B[ADAPTER_NAME].weight]
+    for w in weights:
+        w.requires_grad_(True)
+    with draft_rows(model, torch.zeros(2, 5, dtype=torch.bool)):
+        proj(x).sum().backward()
+    assert all(w.grad is not None and not w.grad.any() for w in weights)
+    rows = torch.zeros(2, 5, dtype=torch.bool)
+    rows[1, 2:] = True
+    for w in weights:
+        w.grad = None
+    with draft_rows(model, rows):
+        proj(x).pow(2).sum().backward()
+    got = [w.grad.clone() for w in weights]
+    a, b = (copy.deepcopy(w.detach()).requires_grad_(True) for w in weights)
+    scale = proj.scaling[ADAPTER_NAME]
+    out = proj.base_layer(x[rows]) + x[rows] @ a.t() @ b.t() * scale
+    out.pow(2).sum().backward()
+    torch.testing.assert_close(got[0], a.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1], b.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_copies_keep_the_gated_forward():
+    """Tests and the trainer deep-copy adapted models: the copy gates by its own switch."""
+    model = copy.deepcopy(_adapted())
+    seen = _lora_rows_seen(model)
+    ids = torch.randint(0, 90, (1, 4))
+    with torch.no_grad(), draft_rows(model, torch.zeros_like(ids, dtype=torch.bool)):
+        model(input_ids=ids)
+    assert seen == []
