@@ -17,6 +17,10 @@ several variants timed on the same requests is partly the luckiest, so the in-sa
 against `auto` by the noise, the held-out one is not. `--repeat` runs the prompts more than once where the
 held-out set is small.
 
+The first row is the speed baseline: the base model decoded by `transformers` `generate`
+(`benchmark/base_generate.py`; a draft-adapter checkpoint is its own base, any other needs `--base`), timed
+in the same rounds; every tok/s is given against it and against our causal mode.
+
 The model runs in the dtype `serve.py` loads (`--dtype auto`: bf16 on a GPU and on a CPU with native bf16;
 `--device cuda` on a GPU), and the prompts are cut into `--rounds` slices that every variant runs in turn, so
 that a change in the machine's speed during the run falls on all of them alike.
@@ -31,6 +35,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+BASELINE = "base generate"  # the base model decoded by transformers' generate (benchmark/base_generate.py)
 VARIANTS = {
     "causal": dict(mode="causal"),
     "self-spec last": dict(mode="self-spec", self_spec_canvases="last"),
@@ -87,6 +92,7 @@ def measure(
     rounds: int = 1,
     repeat: int = 1,
     device: str = "cpu",
+    base: Path | None = None,
 ) -> list[dict]:
     """Every variant over the same prompts. With `rounds` R the prompts are cut into R slices and each slice
     runs every variant in turn (the order rotating by slice), so a drift of the machine's speed during the
@@ -99,6 +105,7 @@ def measure(
     from bdcore.decode.config import DecodeConfig
     from bdcore.decode.sampling import SamplingParams
     from bdcore.loading import load_checkpoint, serving_dtype
+    from benchmark.base_generate import base_generator, base_model_dir
     from benchmark.conversion_eval import load_heldout, stock_greedy
     from inference.native.engine import Engine
 
@@ -117,16 +124,23 @@ def measure(
         chosen = {k: v for k, v in chosen.items() if k == "causal" or k in only}
     prompts, causal = heldout.prompt_ids * repeat, causal * repeat
     run = {}
+    base_dir = base_model_dir(checkpoint, base)
+    if base_dir is not None:
+        dtype_of = next(loaded.model.parameters()).dtype
+        run[BASELINE] = base_generator(
+            base_dir, dtype=dtype_of, device=device, stop_ids=loaded.stop_ids, concurrency=concurrency
+        )
+        run[BASELINE](prompts[:concurrency], params)  # warm-up, not timed
     for name, settings in chosen.items():
         engine = Engine(loaded, DecodeConfig(**settings))  # an auto variant measures its row cost here (cached)
         run[name] = _generator(engine, concurrency)
         run[name](prompts[:concurrency], params)  # warm-up, not timed
     rounds = max(1, min(rounds, len(prompts) // concurrency))
     slices = [range(i * len(prompts) // rounds, (i + 1) * len(prompts) // rounds) for i in range(rounds)]
-    outs = {name: [None] * len(prompts) for name in chosen}
-    wall = dict.fromkeys(chosen, 0.0)
-    per_round: dict[str, list[list]] = {name: [] for name in chosen}  # [tokens, seconds] per round
-    names = list(chosen)
+    names = list(run)  # the baseline first, then the engine's variants
+    outs = {name: [None] * len(prompts) for name in names}
+    wall = dict.fromkeys(names, 0.0)
+    per_round: dict[str, list[list]] = {name: [] for name in names}  # [tokens, seconds] per round
     for r, part in enumerate(slices):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             got, seconds = run[name]([prompts[i] for i in part], params)
@@ -135,7 +149,7 @@ def measure(
             for i, g in zip(part, got):
                 outs[name][i] = g
     rows = []
-    for name in chosen:
+    for name in names:
         gens = outs[name]
         generated, forwards = sum(g.stats.generated for g in gens), sum(g.stats.forwards for g in gens)
         accepted, drafted = Counter(), Counter()
@@ -158,24 +172,31 @@ def measure(
 
 
 def table(rows: list[dict]) -> str:
-    base = rows[0]["tok_s"]
+    """Every row's tok/s against the base model's `generate` (when measured) and against our causal mode."""
+    base = next((r["tok_s"] for r in rows if r["variant"] == BASELINE), None)
+    causal = next(r["tok_s"] for r in rows if r["variant"] == "causal")
     lines = [
-        "| variant | tokens/forward | tok/s | tok/s vs causal | same as causal | forwards "
+        "| variant | tokens/forward | tok/s | tok/s vs base generate | tok/s vs causal | same as causal | forwards "
         "| drafts accepted per verify | forwards by tokens drafted |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        vs_base = f"{r['tok_s'] / base:.2f}x" if base else "-"
         lines.append(
-            f"| {r['variant']} | {r['tokens_per_forward']:.2f} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f}x "
-            f"| {r['same_as_causal']:.0%} | {r['forwards']} | {r['accepted'] or '-'} | {r['drafted'] or '-'} |"
+            f"| {r['variant']} | {r['tokens_per_forward']:.2f} | {r['tok_s']:.1f} | {vs_base} "
+            f"| {r['tok_s'] / causal:.2f}x | {r['same_as_causal']:.0%} | {r['forwards']} "
+            f"| {r['accepted'] or '-'} | {r['drafted'] or '-'} |"
         )
+    if base is None:
+        lines.append("\n(no base-model baseline: a full conversion's base is another model; pass --base)")
     auto = next((r for r in rows if r["variant"] == "self-spec auto"), None)
-    fixed = [r for r in rows if r["variant"] not in ("causal", "self-spec auto")]
+    fixed = [r for r in rows if r["variant"] not in ("causal", "self-spec auto", BASELINE)]
     if auto is not None and fixed:
         best = max(fixed, key=lambda r: r["tok_s"])
+        vs_base = f"{auto['tok_s'] / base:.2f}x the base model's generate, " if base else ""
         lines.append(
-            f"\nauto: {auto['tok_s'] / base:.2f}x causal tok/s, {auto['tok_s'] / best['tok_s']:.2f}x the best fixed "
-            f"variant ({best['variant']}, {best['tok_s'] / base:.2f}x causal)"
+            f"\nauto: {vs_base}{auto['tok_s'] / causal:.2f}x causal tok/s, {auto['tok_s'] / best['tok_s']:.2f}x the "
+            f"best fixed variant ({best['variant']}, {best['tok_s'] / causal:.2f}x causal)"
         )
         held = auto_vs_best_held_out(auto, fixed)
         if held is not None:
@@ -257,6 +278,13 @@ def main(argv=None) -> int:
         help="run the prompts this many times over (greedy: the same outputs; more timings where the held-out "
         "set is small; default 1)",
     )
+    p.add_argument(
+        "--base",
+        type=Path,
+        default=None,
+        help="the base model the checkpoint was converted from, timed with transformers' generate as the "
+        "baseline (default: the checkpoint itself when it is a draft adapter; a full conversion needs it)",
+    )
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
@@ -277,6 +305,7 @@ def main(argv=None) -> int:
         rounds=rounds,
         repeat=args.repeat,
         device=args.device,
+        base=args.base,
     )
     command = "python -m benchmark.self_spec_canvases " + " ".join(argv if argv is not None else sys.argv[1:])
     dtype = serving_dtype(args.dtype, args.device)

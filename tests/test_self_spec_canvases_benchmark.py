@@ -23,12 +23,15 @@ def test_variants_side_by_side_are_lossless(demo_kit, tmp_path, capsys, monkeypa
     argv += ["--draft-lens", "2,3", "--concurrency", str(concurrency), "--dtype", "fp32"]
     if concurrency == 3:  # the prompts twice over: 8 requests, each held to its own causal output
         argv += ["--repeat", "2"]
+    # the baseline: these weights as their own base, through transformers' generate (batched and left-padded
+    # at concurrency 3): it must decode what the stock greedy loop does, one token per forward
+    argv += ["--base", str(ckpt)]
     assert self_spec_canvases.main([*argv, "--json", str(out)]) == 0
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
     fixed = [f"self-spec {c} N={n}" for n in (2, 3) for c in ("last", "all")]
-    assert list(rows) == list(self_spec_canvases.VARIANTS) + fixed
+    assert list(rows) == [self_spec_canvases.BASELINE, *self_spec_canvases.VARIANTS, *fixed]
     assert all(r["same_as_causal"] == 1.0 for r in rows.values())
-    assert rows["causal"]["tokens_per_forward"] == 1.0
+    assert rows["causal"]["tokens_per_forward"] == 1.0 == rows[self_spec_canvases.BASELINE]["tokens_per_forward"]
     # A fixed N drafts N - 1 tokens at every forward; the forwards of a request are its prefill and steps.
     for n in (2, 3):
         assert set(rows[f"self-spec last N={n}"]["drafted"]) == {str(n - 1)}
@@ -38,6 +41,9 @@ def test_variants_side_by_side_are_lossless(demo_kit, tmp_path, capsys, monkeypa
         assert len(r["per_round"]) == (4 if concurrency == 1 else 2)
     text = capsys.readouterr().out
     assert "| self-spec all N=3 |" in text and "auto: " in text and "the best fixed variant" in text
+    causal = next(x for x in text.splitlines() if x.startswith("| causal |"))
+    base_tok_s = rows[self_spec_canvases.BASELINE]["tok_s"]
+    assert f"| {rows['causal']['tok_s'] / base_tok_s:.2f}x | 1.00x |" in causal  # vs base generate, vs causal
     assert "chosen on the other rounds" in text
 
 
@@ -62,6 +68,17 @@ def test_variants_filter_keeps_causal_first_and_refuses_unknown_names(demo_kit, 
     argv += ["--draft-lens", "2", "--json", str(out), "--dtype", "fp32"]
     assert self_spec_canvases.main([*argv, "--variants", "self-spec last N=2,self-spec auto"]) == 0
     rows = [r["variant"] for r in json.loads(out.read_text())["rows"]]
-    assert rows == ["causal", "self-spec auto", "self-spec last N=2"]
+    assert rows == ["causal", "self-spec auto", "self-spec last N=2"]  # a full conversion without --base: none
     with pytest.raises(SystemExit, match="unknown"):
         self_spec_canvases.main([*argv, "--variants", "self-spec last N=9"])
+
+
+def test_the_baseline_is_a_draft_adapters_own_weights_and_otherwise_named(tmp_path):
+    from benchmark.base_generate import base_model_dir
+    from tests.test_draft_adapter import draft_checkpoint
+
+    draft = draft_checkpoint(tmp_path / "draft", "qwen3")
+    full = tiny_checkpoint(tmp_path / "full", bd_size=4)
+    assert base_model_dir(draft, None) == draft  # its weights are the base's, the adapter lives apart
+    assert base_model_dir(full, None) is None  # a full conversion changed every weight: only --base names it
+    assert base_model_dir(full, tmp_path / "b") == tmp_path / "b"
