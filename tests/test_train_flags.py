@@ -66,6 +66,9 @@ def test_bad_values_name_the_flag(extra, flag):
         (["--router_aux_loss_coef", "inf"], "--router_aux_loss_coef"),
         (["--recipe", "opd", "--opd_sft_weight", "nan"], "--opd_sft_weight"),
         (["--recipe", "rl", "--rl_kl_weight", "inf"], "--rl_kl_weight"),
+        # a rollout divides fp32 logits by its temperature: 1e-40 is 0 in fp32 and made every probability NaN
+        (["--recipe", "rl", "--rl_temperature", "1e-40"], "--rl_temperature"),
+        (["--recipe", "opd", "--opd_temperature", "1e-40"], "--opd_temperature"),
     ],
 )
 def test_float_flags_must_be_finite_and_in_range(extra, flag):

@@ -22,6 +22,9 @@ FLOAT_LIMITS = {
         "AdamW moves each weight by about lr a step, so more than 1 wrecks the model (the recipes use 1e-5 to 3e-3)",
     ),
 }
+# A positive value below its floor breaks a run: a rollout divides fp32 logits by its temperature, and 1e-40 (0 in
+# fp32) made every probability NaN; below 1e-6 a temperature samples the argmax anyway.
+FLOAT_FLOORS = {"opd_temperature": 1e-6, "rl_temperature": 1e-6}
 
 
 def field_flag(group, section: type, name: str, help: str, *, resolved: bool = False, **kwargs) -> argparse.Action:
@@ -46,8 +49,8 @@ def field_flag(group, section: type, name: str, help: str, *, resolved: bool = F
 
 
 def check_floats(args, bad) -> None:
-    """A float flag that is NaN, inf or beyond its limit (FLOAT_LIMITS) would break a run steps later (a NaN lr
-    passes every `<= 0` test): refuse it here, by name."""
+    """A float flag that is NaN, inf, beyond its limit (FLOAT_LIMITS) or a positive value under its floor
+    (FLOAT_FLOORS) would break a run steps later (a NaN lr passes every `<= 0` test): refuse it here, by name."""
     for name, value in vars(args).items():
         if not isinstance(value, float):
             continue
@@ -56,3 +59,6 @@ def check_floats(args, bad) -> None:
         limit, why = FLOAT_LIMITS.get(name, FLOAT_LIMIT)
         if abs(value) > limit:
             bad(f"--{name}", f"{value:g} is beyond {limit:g}: {why}; pass at most {limit:g}")
+        floor = FLOAT_FLOORS.get(name, 0.0)
+        if 0 < value < floor:
+            bad(f"--{name}", f"{value:g} underflows: logits / temperature overflow fp32; pass at least {floor:g}")
