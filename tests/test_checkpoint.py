@@ -259,3 +259,17 @@ def test_a_resume_refuses_another_data_order(tmp_path, flag, old, new):
     assert check_resume(_config(run, *given, "--resume", str(ckpt))).step == 2
     with pytest.raises(FlagError, match=f"^--resume: .*--{flag} {old} -> {new}"):
         check_resume(_config(run, f"--{flag}={new}", "--resume", str(ckpt)))
+
+
+def test_a_train_state_that_fails_to_load_is_one_clear_error(one_rank, tmp_path):
+    """Damage its files' sizes do not show (here a cut RNG file) stops the resume with the checkpoint named."""
+    tok = build_char_tokenizer()
+    lm = TwoStreamLM(tiny_model("qwen3", vocab=len(tok)), BlockDiffusionConfig(bd_size=4))
+    fsdp_shard(lm, lm.model.get_decoder().layers, None)
+    opt = build_optimizer(lm, lr=1e-3, weight_decay=0.0)
+    kw = dict(model=lm, optimizer=opt, tokenizer=tok, info=one_rank, sidecar=None, save_dtype=torch.float32)
+    ckpt = save_checkpoint(tmp_path, "step_1", trainer_state={"step": 1, "data_position": 1}, **kw)
+    rng = ckpt / "train_state" / "rng_rank0.pt"
+    rng.write_bytes(rng.read_bytes()[:100])
+    with pytest.raises(FlagError, match=f"^--resume: {ckpt} cannot be loaded \\(.*\\); resume from an earlier"):
+        load_train_state(resolve_resume(tmp_path), lm, opt, one_rank)

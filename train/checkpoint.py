@@ -230,17 +230,17 @@ def resolve_resume(path: str | os.PathLike, warn: Callable[[str], None] | None =
     name = _latest_name(p)
     if name is not None:
         candidates = [*_copies(p, name), *candidates]
-    complete = [c for c in candidates if is_complete(c)] + _complete_newest_first(p)
-    for ckpt in dict.fromkeys(complete):  # in order, each once
+    damaged = []
+    for ckpt in dict.fromkeys([c for c in candidates if is_complete(c)] + _complete_newest_first(p)):  # each once
         damage = _damage(ckpt)
         if damage is None:
             return ckpt
+        damaged.append(f"{ckpt}: {damage}")
         warn(f"--resume: {ckpt} is damaged ({damage}); passed over for the newest complete checkpoint before it")
-    if complete:
+    if damaged:
         raise FlagError(
             "--resume",
-            f"{path} holds no intact checkpoint (every complete one is damaged: see the warnings above); start the "
-            "run again without --resume",
+            f"{path} holds no intact checkpoint (damaged: {', '.join(damaged)}); start the run again without --resume",
         )
     raise FlagError(
         "--resume",
@@ -312,8 +312,10 @@ def load_train_state(ckpt: Path, model, optimizer, info: DistInfo) -> dict:
     """Restore model shards, optimizer state and this rank's RNG; return the trainer state."""
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
+    rng_file = ckpt / TRAIN_STATE / f"rng_rank{info.rank}.pt"
     try:
         dcp.load(state, checkpoint_id=str(ckpt / TRAIN_STATE), no_dist=_alone(info))
+        rng = torch.load(rng_file, weights_only=False) if rng_file.is_file() else None
     except Exception as e:  # damage the shards' sizes do not show (resolve_resume passed it); dcp wraps many types
         raise FlagError(
             "--resume",
@@ -321,9 +323,7 @@ def load_train_state(ckpt: Path, model, optimizer, info: DistInfo) -> dict:
             f"(--resume {ckpt.parent}/step_N)",
         ) from e
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    rng_file = ckpt / TRAIN_STATE / f"rng_rank{info.rank}.pt"
-    if rng_file.is_file():
-        rng = torch.load(rng_file, weights_only=False)
+    if rng is not None:
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         if "cuda" in rng and torch.cuda.is_available():
