@@ -87,12 +87,13 @@ def in_process_trainer(args: list[str]):
         os.environ.update(env)
 
 
-def train_py_error(args: list[str], capfd) -> list[str]:
+def train_py_error(args: list[str], capfd, status: int | None = None) -> list[str]:
     """train.py's main() in this process, on argv that must stop with its one-line error; returns the lines
-    of stderr as `python train.py` would print them (the process's own output, then sys.exit's message).
+    of stderr as `python train.py` would print them (the process's own output, then its error line).
 
     What it saves is a fresh interpreter and its torch import (about 4 CPU seconds a run); a success would
     end in main()'s os._exit, so only failing argv belong here. Process group and environment are restored.
+    `status`: the exit status it must end with (2 for a bad flag, 1 for what stops a started run).
     """
     import torch.distributed as dist
 
@@ -107,9 +108,12 @@ def train_py_error(args: list[str], capfd) -> list[str]:
             dist.destroy_process_group()
         os.environ.clear()
         os.environ.update(env)
-    assert stopped.value.code not in (None, 0), "train.py did not fail"
+    code = stopped.value.code
+    assert code not in (None, 0), "train.py did not fail"
+    if status is not None:
+        assert code == status, f"exit status {code}, not {status}"
     err = capfd.readouterr().err
-    return (err + f"{stopped.value.code}\n").splitlines()
+    return (err + (f"{code}\n" if isinstance(code, str) else "")).splitlines()
 
 
 def read_metrics(run: Path) -> dict[int, dict]:

@@ -1,17 +1,20 @@
 """Checkpoints are atomic: a crash mid-save leaves the previous checkpoint and `latest` intact."""
 
+import json
 import os
 import shutil
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 from bdcore.sidecar import Sidecar, SidecarError, read_sidecar
 from data.toy_tokenizer import build_char_tokenizer
 from tests.tiny import tiny_model
-from train.checkpoint import load_train_state, resolve_resume, save_checkpoint
-from train.config import BlockDiffusionConfig
+from train.checkpoint import check_resume, load_train_state, resolve_resume, save_checkpoint
+from train.cli import parse_args
+from train.config import BlockDiffusionConfig, FlagError, JobConfig
 from train.model import TwoStreamLM
 from train.optim import build_optimizer
 from train.parallel import fsdp_shard, init_distributed
@@ -192,3 +195,81 @@ def test_one_rank_saves_and_loads_without_object_collectives(one_rank, tmp_path,
     assert load_train_state(resolve_resume(tmp_path), lm, opt, one_rank)["step"] == 1
     for k, v in lm.state_dict().items():
         torch.testing.assert_close(v.full_tensor(), snapshot[k])
+
+
+def _train_state_only(run, name: str, step: int, flags: dict | None = None):
+    """A complete checkpoint as far as resume reads it: a real (tiny) dcp train state, then the completion mark."""
+    state = run / name / "train_state"
+    dcp.save({"w": torch.arange(64.0)}, checkpoint_id=str(state), no_dist=True)
+    marker = {"step": step, "data_position": step, "config": flags or {}}
+    (state / "trainer_state.json").write_text(json.dumps(marker))
+    return run / name
+
+
+@pytest.mark.parametrize("latest", ["another_run", "climbs_out", "not_utf8"])
+def test_latest_must_name_a_checkpoint_of_its_own_run(tmp_path, latest):
+    """`latest` naming another run's step_8 was followed silently: its metrics.jsonl then missed steps."""
+    other, run = tmp_path / "other", tmp_path / "run"
+    _train_state_only(other, "step_8", 8)
+    _train_state_only(run, "step_2", 2)
+    text = {"another_run": f"{other / 'step_8'}\n", "climbs_out": "../other/step_8\n"}.get(latest)
+    if text is None:
+        (run / "latest").write_bytes(b"\xff\xfestep_2\n")
+    else:
+        (run / "latest").write_text(text)
+    with pytest.raises(FlagError, match=f"^--resume: {run / 'latest'} "):
+        resolve_resume(run)
+
+
+def _truncate(ckpt):
+    shard = ckpt / "train_state" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+
+def _config(run, *extra: str) -> JobConfig:
+    return JobConfig.from_args(parse_args(["--model_id", "m", "--dataset", "a.jsonl", "--save_dir", str(run), *extra]))
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_complete_one(tmp_path):
+    """A truncated shard of the newest step gave EOFError with no fallback."""
+    run = tmp_path / "run"
+    _train_state_only(run, "step_1", 1)
+    _train_state_only(run, "step_2", 2)
+    (run / "latest").write_text("step_2\n")
+    _truncate(run / "step_2")
+    warnings = []
+    assert resolve_resume(run, warn=warnings.append) == run / "step_1"
+    assert len(warnings) == 1 and str(run / "step_2") in warnings[0] and "damaged" in warnings[0], warnings
+    point = check_resume(_config(run, "--resume", str(run)))
+    assert point.step == 1 and point.warnings == tuple(warnings)
+    # Named by itself, a damaged checkpoint is refused (pointing at the intact one); with none intact, so is the run.
+    with pytest.raises(FlagError, match=f"^--resume: {run / 'step_2'} is damaged .*{run / 'step_1'}"):
+        resolve_resume(run / "step_2")
+    _truncate(run / "step_1")
+    with pytest.raises(FlagError, match=f"^--resume: {run} holds no intact checkpoint"):
+        resolve_resume(run)
+
+
+@pytest.mark.parametrize("flag, old, new", [("dataset", "a.jsonl", "b.jsonl"), ("max_response_length", None, 64)])
+def test_a_resume_refuses_another_data_order(tmp_path, flag, old, new):
+    """Another --dataset (or a flag that drops other samples) reorders every row after the resumed step."""
+    run = tmp_path / "run"
+    given = [f"--{flag}={old}"] if old is not None else []
+    ckpt = _train_state_only(run, "step_2", 2, _config(run, *given).resume_flags())
+    assert check_resume(_config(run, *given, "--resume", str(ckpt))).step == 2
+    with pytest.raises(FlagError, match=f"^--resume: .*--{flag} {old} -> {new}"):
+        check_resume(_config(run, f"--{flag}={new}", "--resume", str(ckpt)))
+
+
+def test_a_train_state_that_fails_to_load_is_one_clear_error(one_rank, tmp_path):
+    """Damage its files' sizes do not show (here a cut RNG file) stops the resume with the checkpoint named."""
+    tok = build_char_tokenizer()
+    lm = TwoStreamLM(tiny_model("qwen3", vocab=len(tok)), BlockDiffusionConfig(bd_size=4))
+    fsdp_shard(lm, lm.model.get_decoder().layers, None)
+    opt = build_optimizer(lm, lr=1e-3, weight_decay=0.0)
+    kw = dict(model=lm, optimizer=opt, tokenizer=tok, info=one_rank, sidecar=None, save_dtype=torch.float32)
+    ckpt = save_checkpoint(tmp_path, "step_1", trainer_state={"step": 1, "data_position": 1}, **kw)
+    rng = ckpt / "train_state" / "rng_rank0.pt"
+    rng.write_bytes(rng.read_bytes()[:100])
+    with pytest.raises(FlagError, match=f"^--resume: {ckpt} cannot be loaded \\(.*\\); resume from an earlier"):
+        load_train_state(resolve_resume(tmp_path), lm, opt, one_rank)

@@ -85,10 +85,15 @@ def test_no_usable_sample_is_one_line_and_writes_data_stats(demo_kit, tmp_path, 
     assert stats["skipped"] == {"malformed_json": 1, "no_assistant_turn": 1}
 
 
-@pytest.mark.parametrize("where", ["missing_file", "directory_without_jsonl"])
+@pytest.mark.parametrize("where", ["missing_file", "directory_without_jsonl", "dev_null", "empty_file"])
 def test_missing_dataset_is_one_line_and_writes_data_stats(demo_kit, tmp_path, capfd, where):
     if where == "missing_file":
         data, hint = tmp_path / "nope.jsonl", "no such file"
+    elif where == "dev_null":  # it exists: "no such file" would send the user looking for a typo
+        data, hint = Path(os.devnull), "not a regular file"
+    elif where == "empty_file":
+        data, hint = tmp_path / "empty.jsonl", "is empty"
+        data.write_text("")
     else:
         data, hint = tmp_path / "empty", "no .jsonl"
         data.mkdir()
@@ -106,3 +111,39 @@ def test_bad_model_id_is_one_line(demo_kit, tmp_path, capfd, where):
     }[where]
     line, _ = _train_error(demo_kit, tmp_path, capfd, model_id=model)
     assert "--model_id" in line and ("hub id" in line or "save_pretrained" in line), line
+
+
+def test_a_bad_float_flag_is_one_line_with_argparse_exit_status(demo_kit, tmp_path, capfd):
+    lines = train_py_error(train_args(demo_kit, tmp_path / "r", lr="nan"), capfd, status=2)
+    assert lines == [lines[-1]] and lines[-1].startswith("train.py: error: --lr: nan is not a finite number; ")
+    assert not (tmp_path / "r").exists()
+
+
+def _sysfs_dir() -> Path | None:
+    """A directory under /sys that root cannot create (sysfs), where this machine mounts sysfs."""
+    if not os.path.isdir("/sys/kernel"):
+        return None
+    probe = Path("/sys/bdstack-test-run")
+    try:
+        probe.mkdir()
+    except OSError:
+        return probe
+    probe.rmdir()
+    return None
+
+
+@pytest.mark.parametrize("where", ["regular_file", "unwritable"])
+def test_a_save_dir_that_cannot_hold_the_run_is_refused_at_start(demo_kit, tmp_path, capfd, where):
+    """Refused before any model load, with the flag named; a file given by mistake is left as it was."""
+    if where == "regular_file":
+        save_dir = tmp_path / "notes.txt"
+        save_dir.write_text("keep me")
+    else:
+        save_dir = _sysfs_dir()
+        if save_dir is None:
+            pytest.skip("no sysfs here")
+    lines = train_py_error(train_args(demo_kit, save_dir), capfd, status=2)
+    assert len(lines) == 1 and lines[0].startswith(f"train.py: error: --save_dir: {save_dir} "), lines
+    assert ("is not a directory" if where == "regular_file" else "cannot be written") in lines[0]
+    if where == "regular_file":
+        assert save_dir.read_text() == "keep me"

@@ -89,6 +89,12 @@ def test_bad_records_are_skipped_and_counted(tok, tmp_path):
     assert stats2.skipped == {"response_too_long": 1}
 
 
+def test_a_deeply_nested_line_is_a_malformed_line_not_a_recursion_error(tok, tmp_path):
+    """json's parser recurses once per `[`: 100,000 of them raised RecursionError out of the data pipeline."""
+    samples, stats = _load(tok, tmp_path, ["[" * 100_000, "[" * 100_000 + "]" * 100_000, conv("fine", "ok")])
+    assert len(samples) == 1 and stats.records == 3 and stats.skipped == {"malformed_json": 2}
+
+
 def test_template_mismatch_is_not_supervised(tok, tmp_path):
     # A template that renders past assistant turns differently (as thinking-stripping templates do)
     # and whose generation prompt differs from how it renders an assistant turn.

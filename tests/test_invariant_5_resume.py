@@ -70,3 +70,18 @@ def test_resume_in_the_run_directory_logs_once_and_guards_the_schedule(demo_kit,
     assert _steps(run) == [1, 2, 3, 4]
     changes = json.loads((run / "run_config.json").read_text())["schedule_changes"]
     assert changes == {"max_steps": [3, 4], "lr": [0.001, 0.002], "warmup": [0, 1], "lr_min_ratio": [0.1, 0.5]}
+
+
+def test_a_damaged_newest_checkpoint_resumes_from_the_one_before_with_a_warning(demo_kit, tmp_path):
+    """A truncated shard of the newest checkpoint stopped the resume with EOFError; now its run goes on from the
+    checkpoint before it, says which one it passed over, logs each step once and rewrites the damaged one."""
+    run = tmp_path / "run"
+    run_train(train_args(demo_kit, run, max_steps=2, save_every=1))
+    shard = run / "final" / "train_state" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    proc = run_train(train_args(demo_kit, run, max_steps=2, resume=run))
+    out = proc.stdout + proc.stderr
+    assert f"warning: --resume: {run / 'final'} is damaged" in out, out[-3000:]
+    assert _steps(run) == [1, 2]
+    shard_size = (run / "final" / "train_state" / "__0_0.distcp").stat().st_size
+    assert shard_size == (run / "step_1" / "train_state" / "__0_0.distcp").stat().st_size

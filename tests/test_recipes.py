@@ -157,9 +157,13 @@ def test_every_flag_defaults_to_its_config_field():
 
 
 def _checkpoint(run, recorded: dict):
-    """A complete checkpoint directory as far as check_resume reads it: the trainer state and its flags."""
+    """A complete checkpoint directory as far as check_resume reads it: an intact (tiny) train state, then the
+    trainer state and its flags."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
     state = run / "step_2" / TRAIN_STATE
-    state.mkdir(parents=True)
+    dcp.save({"w": torch.zeros(4)}, checkpoint_id=str(state), no_dist=True)
     (state / TRAINER_STATE).write_text(json.dumps({"step": 2, "data_position": 2, "config": recorded}))
     return run / "step_2"
 

@@ -47,6 +47,35 @@ def test_bad_values_name_the_flag(extra, flag):
         parse_args(BASE + extra)
 
 
+@pytest.mark.parametrize(
+    "extra, flag",
+    [
+        (["--lr", "nan"], "--lr"),
+        (["--lr", "inf"], "--lr"),
+        # AdamW's first step moves each weight by lr / (1 - beta1) = 10 x lr: 1e38 overflowed fp32 in optimizer.step
+        (["--lr", "1e38", "--warmup", "0"], "--lr"),
+        (["--lr", "2"], "--lr"),
+        (["--weight_decay", "nan"], "--weight_decay"),
+        (["--lr", "1e-3", "--weight_decay", "2000"], "--weight_decay"),  # lr x decay >= 1 flips every weight
+        (["--grad_clip", "inf"], "--grad_clip"),
+        (["--ar_loss_weight", "nan"], "--ar_loss_weight"),
+        (["--ar_loss_weight", "1e38"], "--ar_loss_weight"),
+        (["--prefix_gamma", "inf"], "--prefix_gamma"),
+        (["--lr_min_ratio", "nan"], "--lr_min_ratio"),
+        (["--lora_rank", "4", "--lora_alpha", "nan"], "--lora_alpha"),
+        (["--router_aux_loss_coef", "inf"], "--router_aux_loss_coef"),
+        (["--recipe", "opd", "--opd_sft_weight", "nan"], "--opd_sft_weight"),
+        (["--recipe", "rl", "--rl_kl_weight", "inf"], "--rl_kl_weight"),
+        # a rollout divides fp32 logits by its temperature: 1e-40 is 0 in fp32 and made every probability NaN
+        (["--recipe", "rl", "--rl_temperature", "1e-40"], "--rl_temperature"),
+        (["--recipe", "opd", "--opd_temperature", "1e-40"], "--opd_temperature"),
+    ],
+)
+def test_float_flags_must_be_finite_and_in_range(extra, flag):
+    with pytest.raises(FlagError, match=f"^{flag}: "):
+        parse_args(BASE + extra)
+
+
 def test_derived_values():
     a = parse_args(BASE + ["--ar_only"])
     assert (a.views, a.ar_loss_weight) == (0, 1.0)

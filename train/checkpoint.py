@@ -14,10 +14,12 @@ last, after everything else in the directory is fsynced. Saving `<name>`:
     3. rename `.tmp-<name>/` to `<name>/`
     4. remove `.old-<name>/` (its completion mark first), then replace `latest` atomically
 
-A kill at any instant leaves a complete copy that `resolve_resume` finds: the one `latest` names,
-else that name's `.tmp-` copy (newer) or `.old-` copy (between steps 2 and 3), else the newest
-complete checkpoint in the run directory (a kill before the first `latest` was written). The next
-save of a name whose directory went missing first renames its complete copy back into place.
+Once a run has saved once, a kill at any instant (mid-save included) leaves a complete copy that
+`resolve_resume` finds: the one `latest` names, else that name's `.tmp-` copy (newer) or `.old-` copy
+(between steps 2 and 3), else the newest complete checkpoint in the run directory (a kill before the
+first `latest` was written). A run killed before its first save has none. The next save of a name
+whose directory went missing first renames its complete copy back into place. A complete copy whose
+shards are shorter than its dcp metadata says (damaged after the fact) is passed over for the next.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import json
 import os
 import random
 import shutil
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 from bdcore.draft_adapter import ADAPTER_DIR, base_state_dict, has_lora, merged_state_dict, save_adapter
 from bdcore.sidecar import Sidecar, write_sidecar
 from bdcore.tokens import MASK_TOKEN
-from train.config import RESUME_MUST_MATCH, SCHEDULE_FLAGS, FlagError, JobConfig
+from train.config import RESUME_MUST_MATCH, SCHEDULE_FLAGS, FlagError, JobConfig, first_line
 from train.parallel import DistInfo
 from train.recipes import recipe_of_record
 
@@ -208,33 +212,89 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-def resolve_resume(path: str | os.PathLike) -> Path:
+def resolve_resume(path: str | os.PathLike, warn: Callable[[str], None] | None = None) -> Path:
     """The complete checkpoint `--resume path` means: `path` itself, or in a run directory the one
-    `latest` names; failing those, the complete copy a killed save left (see the module docstring)."""
+    `latest` names; failing those, the complete copy a killed save left (see the module docstring).
+    In a run directory a damaged checkpoint (a shard shorter than its metadata says) is passed over for
+    the next newest complete one, and `warn` is told; named by itself, it is refused."""
+    warn = warn or (lambda message: print(f"warning: {message}", file=sys.stderr))
     p = Path(path)
     if is_complete(p):
-        return p
+        damage = _damage(p)
+        if damage is None:
+            return p
+        intact = next((c for c in _complete_newest_first(p.parent) if c != p and _damage(c) is None), None)
+        fix = f"resume from {intact}, the newest intact checkpoint of its run" if intact else "start the run again"
+        raise FlagError("--resume", f"{p} is damaged ({damage}); {fix}")
     candidates = list(_copies(p.parent, p.name)[1:])
-    if (p / LATEST).is_file():
-        candidates = [*_copies(p, (p / LATEST).read_text().strip()), *candidates]
-    found = next((c for c in candidates if is_complete(c)), None) or _newest_complete(p)
-    if found is None:
+    name = _latest_name(p)
+    if name is not None:
+        candidates = [*_copies(p, name), *candidates]
+    damaged = []
+    for ckpt in dict.fromkeys([c for c in candidates if is_complete(c)] + _complete_newest_first(p)):  # each once
+        damage = _damage(ckpt)
+        if damage is None:
+            return ckpt
+        damaged.append(f"{ckpt}: {damage}")
+        warn(f"--resume: {ckpt} is damaged ({damage}); passed over for the newest complete checkpoint before it")
+    if damaged:
         raise FlagError(
             "--resume",
-            f"{path} holds no complete checkpoint (a directory with {TRAIN_STATE}/{TRAINER_STATE}, or a run "
-            f"directory that holds one); pass a checkpoint or run directory written by train.py",
+            f"{path} holds no intact checkpoint (damaged: {', '.join(damaged)}); start the run again without --resume",
         )
-    return found
+    raise FlagError(
+        "--resume",
+        f"{path} holds no complete checkpoint (a directory with {TRAIN_STATE}/{TRAINER_STATE}, or a run directory "
+        "that holds one; a run killed before its first save has none); pass a checkpoint or run directory written "
+        "by train.py, or start the run again without --resume",
+    )
 
 
-def _newest_complete(run_dir: Path) -> Path | None:
-    """The complete checkpoint of the most steps among run_dir's children (in-place names win ties)."""
+def _latest_name(run_dir: Path) -> str | None:
+    """The checkpoint name `run_dir/latest` holds (None without the file). It names a directory of this run:
+    a path elsewhere (another run's step_8) would resume a run whose metrics.jsonl misses steps."""
+    latest = run_dir / LATEST
+    if not latest.is_file():
+        return None
+    fix = (
+        f"pass the checkpoint to continue from (--resume {run_dir}/step_N), or write the name of one of its "
+        "checkpoints (e.g. step_N) into latest"
+    )
+    try:
+        name = latest.read_bytes().decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise FlagError("--resume", f"{latest} is not text (not UTF-8); {fix}") from None
+    if not name or name in (".", "..") or "/" in name or os.sep in name:
+        raise FlagError("--resume", f"{latest} holds {name!r}, not the name of a checkpoint inside {run_dir}; {fix}")
+    return name
+
+
+def _complete_newest_first(run_dir: Path) -> list[Path]:
+    """run_dir's complete checkpoints, most steps first (in-place names before .tmp-/.old- copies on ties)."""
     if not run_dir.is_dir():
-        return None
+        return []
     complete = [d for d in run_dir.iterdir() if is_complete(d)]
-    if not complete:
-        return None
-    return max(complete, key=lambda d: (_steps_of(d), not d.name.startswith(".")))
+    return sorted(complete, key=lambda d: (_steps_of(d), not d.name.startswith(".")), reverse=True)
+
+
+def _damage(ckpt: Path) -> str | None:
+    """What makes `ckpt`'s train state unloadable, as far as its files' sizes tell (a missing or truncated shard,
+    unreadable metadata), or None. Read before anything is loaded, so a resume can pass over a damaged copy."""
+    state = ckpt / TRAIN_STATE
+    try:
+        metadata = dcp.FileSystemReader(str(state)).read_metadata()
+    except Exception as e:  # a missing or cut .metadata: unpickling raises many types
+        return f"{TRAIN_STATE}/.metadata cannot be read: {first_line(e)}"
+    needed: dict[str, int] = {}
+    for item in (metadata.storage_data or {}).values():
+        needed[item.relative_path] = max(needed.get(item.relative_path, 0), item.offset + item.length)
+    for name, size in sorted(needed.items()):
+        shard = state / name
+        if not shard.is_file():
+            return f"{TRAIN_STATE}/{name} is missing"
+        if shard.stat().st_size < size:
+            return f"{TRAIN_STATE}/{name} is truncated: {shard.stat().st_size} of {size} bytes"
+    return None
 
 
 def _steps_of(ckpt: Path) -> int:
@@ -252,11 +312,18 @@ def load_train_state(ckpt: Path, model, optimizer, info: DistInfo) -> dict:
     """Restore model shards, optimizer state and this rank's RNG; return the trainer state."""
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=str(ckpt / TRAIN_STATE), no_dist=_alone(info))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     rng_file = ckpt / TRAIN_STATE / f"rng_rank{info.rank}.pt"
-    if rng_file.is_file():
-        rng = torch.load(rng_file, weights_only=False)
+    try:
+        dcp.load(state, checkpoint_id=str(ckpt / TRAIN_STATE), no_dist=_alone(info))
+        rng = torch.load(rng_file, weights_only=False) if rng_file.is_file() else None
+    except Exception as e:  # damage the shards' sizes do not show (resolve_resume passed it); dcp wraps many types
+        raise FlagError(
+            "--resume",
+            f"{ckpt} cannot be loaded ({first_line(e)}); resume from an earlier checkpoint of its run "
+            f"(--resume {ckpt.parent}/step_N)",
+        ) from e
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if rng is not None:
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         if "cuda" in rng and torch.cuda.is_available():
@@ -271,6 +338,7 @@ class ResumePoint:
     data_position: int  # global rows consumed
     schedule_changes: dict  # {flag: [old, new]}, allowed only with --allow_schedule_change
     skipped_steps: int = 0  # steps whose non-finite update was never applied
+    warnings: tuple[str, ...] = ()  # damaged checkpoints passed over for this one
 
 
 def check_resume(config: JobConfig) -> ResumePoint | None:
@@ -279,7 +347,8 @@ def check_resume(config: JobConfig) -> ResumePoint | None:
     only with --allow_schedule_change."""
     if config.checkpoint.resume is None:
         return None
-    ckpt = resolve_resume(config.checkpoint.resume)
+    warnings: list[str] = []
+    ckpt = resolve_resume(config.checkpoint.resume, warn=warnings.append)
     state = read_trainer_state(ckpt)
     saved, now = recipe_of_record(state.get("config", {})), config.flags()
 
@@ -298,7 +367,8 @@ def check_resume(config: JobConfig) -> ResumePoint | None:
             f"{ckpt} was written with another lr schedule ({listed(schedule)}); resume with its values, or add "
             f"--allow_schedule_change to follow the new schedule from step {state['step']}",
         )
-    return ResumePoint(ckpt, state["step"], state["data_position"], schedule, state.get("skipped_steps", 0))
+    skipped = state.get("skipped_steps", 0)
+    return ResumePoint(ckpt, state["step"], state["data_position"], schedule, skipped, tuple(warnings))
 
 
 def sidecar_for(config: JobConfig, mask_id: int, global_step: int) -> Sidecar | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from train.cli_fields import field_flag
+from train.cli_fields import check_floats, field_flag
 from train.cli_recipes import check_eval, check_model_id, check_opd, check_rl, eval_flags, recipe_flags
 from train.config import (
     LOSS_WEIGHTINGS,
@@ -237,6 +237,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     def bad(flag: str, msg: str):
         raise FlagError(flag, msg)
 
+    check_floats(args, bad)
     chosen_by = resolve_recipe(args, bad)
     refuse_foreign_flags(args, chosen_by, build_parser().get_default, bad)
     ar_sft = args.recipe == "ar_sft"
@@ -276,6 +277,12 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         bad("--lr_min_ratio", "must lie in [0, 1]")
     if args.weight_decay < 0:
         bad("--weight_decay", "must be >= 0")
+    if args.weight_decay * args.lr >= 1:
+        bad(
+            "--weight_decay",
+            f"{args.weight_decay:g} x --lr {args.lr:g} >= 1: AdamW multiplies each weight by 1 - lr x decay a step, "
+            "which zeroes or flips it; lower it (0.1 is usual)",
+        )
     if args.grad_clip < 0:
         bad("--grad_clip", "must be >= 0 (0 disables clipping)")
     if args.save_every < 0:

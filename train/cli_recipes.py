@@ -1,10 +1,12 @@
 """`train.py` flags and start-up checks of the recipes' own flags (`--recipe opd`: on-policy distillation,
-`--recipe rl`) and of the held-out drafting metric (`train/cli.py` holds the rest). Imports no torch."""
+`--recipe rl`), of the held-out drafting metric, and of the model and run directories (`train/cli.py` holds the
+rest). Imports no torch."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 
 from bdcore.capabilities import MODES, Capabilities
 from train.cli_fields import field_flag
@@ -197,3 +199,21 @@ def check_model_id(model_id: str) -> None:
         raise FlagError("--model_id", f"{model_id} is a file, not a model directory; {fix}")
     elif model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:
         raise FlagError("--model_id", f"{model_id}: no such directory; {fix}")
+
+
+def check_save_dir(save_dir: str) -> None:
+    """Before anything is loaded (every rank): `--save_dir` is, or can be made, a directory this process can write.
+    Permission bits do not say it for root (sysfs refuses root's mkdir), so create it and write a probe file."""
+    if os.path.exists(save_dir) and not os.path.isdir(save_dir):
+        raise FlagError(
+            "--save_dir", f"{save_dir} exists and is not a directory; pass a directory (train.py creates a new one)"
+        )
+    try:
+        os.makedirs(save_dir, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=save_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise FlagError(
+            "--save_dir", f"{save_dir} cannot be written ({e.strerror}); pass a directory you can write"
+        ) from e

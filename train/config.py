@@ -97,6 +97,8 @@ class BlockDiffusionConfig:
 # fields are its section's RESUME_MUST_MATCH (below).
 _RESUME_MUST_MATCH_COMMON = (
     "recipe",
+    "dataset",
+    "max_response_length",
     "objective",
     "bd_size",
     "views",

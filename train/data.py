@@ -80,6 +80,11 @@ def iter_records(source: str) -> Iterator[tuple[str, object]]:
             )
     elif path.is_file():
         files = [path]
+    elif path.exists():  # /dev/null, a pipe, a socket: "no such file" would send the user looking for a typo
+        raise DataError(
+            f"{source}: not a regular file or directory (a device, pipe or socket); pass a .jsonl file, a directory "
+            "of .jsonl files, or a hub dataset id"
+        )
     elif path.suffix == ".jsonl" or source.startswith((".", "/", "~")):
         raise DataError(
             f"{source}: no such file or directory; pass an existing .jsonl file, a directory of .jsonl files, "
@@ -108,7 +113,7 @@ def _parse_line(raw: bytes) -> object:
         return None
     try:
         return json.loads(line)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # json recurses per `[` or `{`: deep nesting overflows it
         return SkipSample("malformed_json")
 
 
@@ -280,6 +285,8 @@ def load_samples(
             continue
         samples.append(sample)
         stats.kept += 1
+    if stats.records == 0:
+        raise DataError(f"{source}: is empty (no records); pass a dataset of conversations (JSONL: one a line)", stats)
     if not samples:
         raise DataError(
             f"{source}: no usable samples out of {stats.records} records "

@@ -122,6 +122,8 @@ class Trainer:
             f"{len(self.data.rows)} rows from {stats.kept}/{stats.records} records "
             f"(skipped: {dict(stats.skipped) or 'none'}); world size {info.world_size}, device {info.device}"
         )
+        for warning in self.resume.warnings if self.resume else ():
+            self.logger.write(f"warning: {warning}")
         if schedule_changes:
             self.logger.write(
                 f"warning: --resume {self.resume.checkpoint}: the lr schedule changes from step {self.step}: "
