@@ -15,7 +15,8 @@
 #              trainer scoring the drafting metric on the held-out answers at the end
 #   quality    benchmark.draft_quality --compare-served: implied vs served self-spec tokens per forward
 #   serve      benchmark.serving.bench_decode, native engine: causal, diffusion and self-spec (linear) at
-#              concurrency 1 and 16, then self-spec with all canvases
+#              concurrency 1 and 16, then self-spec with all canvases, each against the base model's own
+#              transformers generate (the draft adapter's weights are the base's)
 #   layouts    benchmark.self_spec_canvases at concurrency 1 and 16 (issue 26's table): causal, self-spec
 #              linear, all canvases, `auto` and fixed N=4 side by side, bf16, interleaved rounds; last, so
 #              that the campaign's own figures come first when the lease runs short
@@ -95,10 +96,11 @@ if [ -n "$CKPT" ]; then
   run_step quality 90 "$LOG" $PY -m benchmark.draft_quality "$CKPT" --data "$EVAL_DATA" --limit $EVAL \
     --compare-served --json "$WORK/quality.json"
   run_step serve 150 "$LOG" $PY -m benchmark.serving.bench_decode "$CKPT" --prompts "$EVAL_DATA" --num $NUM \
-    --concurrency $CONC --max-tokens "$MAX_NEW" --json "$WORK/serving.json" \
+    --concurrency $CONC --max-tokens "$MAX_NEW" --json "$WORK/serving.json" --base-dtype fp32 --base-device "$DEV" \
     --server-args "--backend native --device $DEV --dtype fp32"
   run_step serve_all 90 "$LOG" $PY -m benchmark.serving.bench_decode "$CKPT" --prompts "$EVAL_DATA" --num $NUM \
-    --modes causal,self-spec --concurrency 1 --max-tokens "$MAX_NEW" --json "$WORK/serving_all.json" \
+    --modes causal,self-spec --concurrency 1 --max-tokens "$MAX_NEW" --json "$WORK/serving_all.json" --base-dtype fp32 \
+    --base-device "$DEV" \
     --server-args "--backend native --device $DEV --dtype fp32 --self-spec-canvases all"
   for C in $LAYOUT_CONC; do
     run_step "layouts_c$C" 120 "$LOG" $PY -m benchmark.self_spec_canvases "$CKPT" --heldout "$EVAL_DATA" \
@@ -123,11 +125,13 @@ m = work / "run" / "metrics.jsonl"
 res["train_metrics"] = [json.loads(x) for x in m.read_text().splitlines()] if m.is_file() else None
 out.write_text(json.dumps(res, indent=1))
 for r in res["serving"] or []:
-    print(f"        {r['mode']:9} conc {r['concurrency']:>2}  tok/fwd {r['tokens_per_forward']:.2f}  "
-          f"tok/s {r['tok_s']:.0f}  x{r['speedup']:.2f}  same {r['same_as_causal']:.0%}")
+    print(f"        {r['mode']:13} conc {r['concurrency']:>2}  tok/fwd {r['tokens_per_forward']:.2f}  "
+          f"tok/s {r['tok_s']:.0f}  x{r['vs_base']:.2f} base generate  x{r['speedup']:.2f} causal  "
+          f"same {r['same_as_causal']:.0%}")
 for r in res["serving_all"] or []:
     if r["mode"] == "self-spec":
-        print(f"        self-spec all canvases  tok/fwd {r['tokens_per_forward']:.2f}  x{r['speedup']:.2f}")
+        print(f"        self-spec all canvases  tok/fwd {r['tokens_per_forward']:.2f}  x{r['vs_base']:.2f} base "
+              f"generate  x{r['speedup']:.2f} causal")
 for conc, rows in res["layouts"].items():
     base = rows[0]["tok_s"]
     print(f"        layouts conc {conc:>2}: " + ", ".join(f"{r['variant']} x{r['tok_s'] / base:.2f}" for r in rows))

@@ -73,14 +73,20 @@ def test_the_campaign_runs_every_step_and_writes_results(tmp_path):
     assert q["served_tpf_linear"] == pytest.approx(q["draft_tpf_linear"], rel=1e-6)
     assert q["served_tpf_all"] == pytest.approx(q["draft_tpf_all"], rel=1e-6)
     rows = {(r["mode"], r["concurrency"]): r for r in res["serving"]}
-    assert set(rows) == {(m, c) for m in ("causal", "diffusion", "self-spec") for c in (1, 2)}
-    assert all(rows[("self-spec", c)]["same_as_causal"] == 1.0 for c in (1, 2))
+    assert set(rows) == {(m, c) for m in ("base generate", "causal", "diffusion", "self-spec") for c in (1, 2)}
+    # the baseline is the draft adapter's own weights through transformers' generate, in fp32 like the server:
+    # causal decoding of the checkpoint is exactly it
+    assert all(rows[(m, c)]["same_as_causal"] == 1.0 for m in ("self-spec", "base generate") for c in (1, 2))
+    assert all(
+        r["vs_base"] == pytest.approx(r["tok_s"] / rows[("base generate", r["concurrency"])]["tok_s"])
+        for r in rows.values()
+    )
     spec_all = [r for r in res["serving_all"] if r["mode"] == "self-spec"]
     assert spec_all and spec_all[0]["same_as_causal"] == 1.0 and "self-spec" in summary
     # issue 26's table at both concurrencies: every layout, auto included, lossless (fp32 in the twin)
     assert set(res["layouts"]) == {"1", "2"}
     for rows in res["layouts"].values():
         names = [r["variant"] for r in rows]
-        assert names[0] == "causal" and "self-spec auto" in names and "self-spec all N=4" in names
+        assert names[:2] == ["base generate", "causal"] and "self-spec auto" in names and "self-spec all N=4" in names
         assert all(r["same_as_causal"] == 1.0 for r in rows), rows
     assert "layouts conc  2:" in summary

@@ -8,6 +8,12 @@ sends the same chat requests in every mode (per-request `mode`), at each concurr
 Prompts are chat JSONL lines (`messages`); when the last message is the assistant's, it is the
 reference answer and accuracy (exact match after strip) is reported. "same" is the share of outputs
 identical to causal mode's for the same prompt.
+
+The speed baseline is the base model decoded by `transformers` `generate` in this process on the same
+prompts (rendered by the same chat template), at each concurrency (`concurrency` prompts per call,
+left-padded), while the server idles: the first row of each concurrency, and every tok/s is given against
+it as well as against causal mode. A draft-adapter checkpoint is its own base; a full conversion needs
+`--base` (without it, and with `--base-url`, the baseline is left out and the table says so).
 """
 
 from __future__ import annotations
@@ -95,6 +101,54 @@ def run_mode(client, model, prompts, mode, concurrency, max_tokens) -> dict:
     }
 
 
+def _baseline(args, prompts):
+    """A function of the concurrency timing the base model's `generate` on `prompts` (a row like
+    `run_mode`'s), or None when no base is known."""
+    from benchmark.base_generate import base_generator, base_model_dir
+
+    if args.checkpoint is None and args.base is None:
+        return None
+    directory = base_model_dir(Path(args.checkpoint), None) if args.base is None else Path(args.base)
+    if directory is None:
+        return None
+    import torch
+    from transformers import AutoTokenizer
+
+    from bdcore.chat import chat_ids
+    from bdcore.decode.sampling import SamplingParams
+    from bdcore.loading import resolve_dtype, serving_dtype
+    from bdcore.tokens import stop_ids
+
+    tok = AutoTokenizer.from_pretrained(args.checkpoint or directory)
+    ids = [chat_ids(tok, msgs) for msgs, _ in prompts]
+    device = torch.device(args.base_device)
+    dtype = resolve_dtype(serving_dtype(args.base_dtype, device), device)
+    params = SamplingParams(max_tokens=args.max_tokens)
+
+    def measure(concurrency: int) -> dict:
+        run = base_generator(directory, dtype=dtype, device=device, stop_ids=stop_ids(tok), concurrency=concurrency)
+        run(ids[:concurrency], params)  # warm-up, not timed
+        gens, wall = run(ids, params)
+        texts = [tok.decode(g.tokens, skip_special_tokens=True) for g in gens]
+        refs = [ref for _, ref in prompts]
+        acc = sum(t.strip() == r for t, r in zip(texts, refs)) / len(refs) if all(refs) else float("nan")
+        tokens = sum(g.stats.generated for g in gens)
+        return {
+            "mode": "base generate",
+            "concurrency": concurrency,
+            "accuracy": acc,
+            "texts": texts,
+            "tokens_per_forward": 1.0,
+            "tok_s": tokens / wall,
+            "tok_s_per_request": float("nan"),  # whole groups are timed, not requests
+            "p50": float("nan"),
+            "p90": float("nan"),
+            "tokens": tokens,
+        }
+
+    return measure
+
+
 def main(argv=None) -> int:
     from openai import OpenAI
 
@@ -109,6 +163,19 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--server-args", default="", help="extra serve.py flags, e.g. '--threshold 0.8'")
+    p.add_argument(
+        "--base",
+        default=None,
+        help="the base model the checkpoint was converted from: its transformers generate is the baseline "
+        "(default: the checkpoint itself when it is a draft adapter)",
+    )
+    p.add_argument(
+        "--base-dtype",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="the baseline's dtype (default auto: what serve.py loads; match --server-args' --dtype)",
+    )
+    p.add_argument("--base-device", default="cpu", help="the baseline's device (match --server-args' --device)")
     args = p.parse_args(argv)
     if not args.base_url and not args.checkpoint:
         raise SystemExit("give a checkpoint to serve or --base-url of a running server")
@@ -125,32 +192,39 @@ def main(argv=None) -> int:
         client = OpenAI(base_url=base_url, api_key=args.api_key, max_retries=0, timeout=600)
         model = client.models.list().data[0].id
         prompts = load_prompts(args.prompts, args.num)
+        baseline = _baseline(args, prompts)
         rows = []
         for conc in map(int, args.concurrency.split(",")):
-            causal = None
+            causal, base = None, baseline(conc) if baseline else None
+            for r in [base] if base else []:
+                rows.append(r)
             for mode in args.modes.split(","):
                 r = run_mode(client, model, prompts, mode, conc, args.max_tokens)
                 causal = r if mode == "causal" else causal
+                rows.append(r)
+            for r in rows[-len(args.modes.split(",")) - bool(base) :]:
                 r["same_as_causal"] = (
                     sum(a == b for a, b in zip(r["texts"], causal["texts"])) / len(prompts) if causal else float("nan")
                 )
                 r["speedup"] = r["tok_s"] / causal["tok_s"] if causal else float("nan")
-                rows.append(r)
+                r["vs_base"] = r["tok_s"] / base["tok_s"] if base else float("nan")
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
     print(f"{len(prompts)} prompts, max_tokens {args.max_tokens}, greedy")
+    if not baseline:
+        print("(no base-model baseline: give --base, the model this checkpoint was converted from)")
     print(
-        "| mode | conc | accuracy | same as causal | tokens/forward | tok/s | tok/s vs causal | "
-        "tok/s per request | p50 s | p90 s |"
+        "| mode | conc | accuracy | same as causal | tokens/forward | tok/s | tok/s vs base generate | "
+        "tok/s vs causal | tok/s per request | p50 s | p90 s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['mode']} | {r['concurrency']} | {r['accuracy']:.1%} | {r['same_as_causal']:.0%} | "
-            f"{r['tokens_per_forward']:.2f} | {r['tok_s']:.0f} | {r['speedup']:.2f}x | {r['tok_s_per_request']:.0f} | "
-            f"{r['p50']:.3f} | {r['p90']:.3f} |"
+            f"{r['tokens_per_forward']:.2f} | {r['tok_s']:.1f} | {r['vs_base']:.2f}x | {r['speedup']:.2f}x | "
+            f"{r['tok_s_per_request']:.1f} | {r['p50']:.3f} | {r['p90']:.3f} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps([{k: v for k, v in r.items() if k != "texts"} for r in rows], indent=2))
