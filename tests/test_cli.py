@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, train_py_error
+from tests.damaged_checkpoints import DAMAGES, damaged_copy
 from tests.train_args import train_args
 
 # The runs of train.py as a program are e2e; the start-up errors run its main() in this process (not e2e).
@@ -106,3 +107,13 @@ def test_bad_model_id_is_one_line(demo_kit, tmp_path, capfd, where):
     }[where]
     line, _ = _train_error(demo_kit, tmp_path, capfd, model_id=model)
     assert "--model_id" in line and ("hub id" in line or "save_pretrained" in line), line
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_model_directory_is_one_line(demo_kit, tmp_path, capfd, damage):
+    """The directories serve.py refuses (tests/test_checkpoint.py) used to end train.py in tracebacks, and a
+    missing tokenizer.json in advice to install sentencepiece or tiktoken."""
+    model, phrase = damaged_copy(demo_kit / "base_model", tmp_path / "model", damage)
+    line, _ = _train_error(demo_kit, tmp_path, capfd, model_id=str(model))
+    assert line.startswith("train.py: error: --model_id: ") and phrase in line, line
+    assert "installed" not in line, line  # not "You need to have sentencepiece or tiktoken installed"
