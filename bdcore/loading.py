@@ -126,14 +126,25 @@ def _unreadable_weights(path: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
+def check_checkpoint(path: str | os.PathLike) -> tuple[dict, PreTrainedTokenizerBase, Sidecar | None]:
+    """Everything a loader checks before the weights, in one place: the files (`check_model_dir`: a bad
+    one is named before transformers reads it), the tokenizer, and the sidecar against both. Returns
+    config.json, the tokenizer and the sidecar (None: a plain AR checkpoint). The native engine loads the
+    weights next; the SGLang and vLLM command builders stop here (their engines read the weights)."""
     path = Path(path)
-    config = check_model_dir(path)  # a bad file is named here, before transformers reads it
+    config = check_model_dir(path)
     tok = load_tokenizer(path)
     sidecar = read_sidecar(path) if (path / SIDECAR_NAME).is_file() else None
     if sidecar is not None:
         sidecar.check_tokenizer(tok)
         sidecar.check_model(config)
+    return config, tok, sidecar
+
+
+def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
+    path = Path(path)
+    config, tok, sidecar = check_checkpoint(path)
+    if sidecar is not None:
         check_decodable(sidecar, path, config)
     dev = torch.device(device)
     model = load_weights(path, dtype=resolve_dtype(dtype, dev), attn_implementation="sdpa")

@@ -187,6 +187,35 @@ def test_sizes_the_model_cannot_hold_are_refused_at_start(monkeypatch, tmp_path)
     for mode in ("diffusion", "self-spec", "causal"):
         line = _refused_at_start(monkeypatch, [str(ckpt), "--mode", mode, *native])
         assert "bd_size 1000000000 exceeds the model's context length 1024" in line, line
+    for backend in ("sglang", "vllm"):  # the commands they would run are refused alike
+        line = _refused_at_start(monkeypatch, [str(ckpt), "--mode", "diffusion", "--backend", backend, "--dry-run"])
+        assert "bd_size 1000000000 exceeds the model's context length 1024" in line, line
+    sidecar.write_text(json.dumps({**json.loads(sidecar.read_text()), "bd_size": 4}))
+    line = _refused_at_start(
+        monkeypatch, [str(ckpt), "--mode", "diffusion", "--block-size", "100000", "--backend", "vllm", "--dry-run"]
+    )
+    assert "block_size 100000 exceeds the model's context length 1024" in line, line
+
+
+@pytest.mark.parametrize("damage", ["cut_in_tensors", "malformed_config", "no_tokenizer"])
+def test_every_backend_refuses_a_damaged_checkpoint_in_one_line(monkeypatch, tmp_path, damage):
+    """The SGLang and vLLM commands are built from the checkpoint's sidecar and tokenizer in our environment:
+    the same checks as the native loader (a malformed config.json was an OSError traceback on SGLang)."""
+    from tests.damaged_checkpoints import damaged_copy
+    from tests.tiny import tiny_checkpoint
+
+    ckpt, phrase = damaged_copy(tiny_checkpoint(tmp_path / "ckpt"), tmp_path / "bad", damage)
+    for backend in ("native", "sglang", "vllm"):
+        argv = [str(ckpt), "--mode", "self-spec", "--draft-len", "4", "--backend", backend, "--dry-run"]
+        assert phrase in _refused_at_start(monkeypatch, argv)
+
+
+def test_the_default_reply_length_is_refused_at_start_when_it_is_not_positive(monkeypatch, tmp_path):
+    """--max-tokens 0 used to start, then answer 500 to every request that gave no max_tokens."""
+    line = _refused_at_start(
+        monkeypatch, [str(tmp_path), "--mode", "causal", "--backend", "native", "--max-tokens", "0"]
+    )
+    assert "--max-tokens must be >= 1" in line, line
 
 
 def test_a_damaged_checkpoint_is_one_line_from_the_program(tmp_path):
