@@ -117,3 +117,10 @@ def test_a_damaged_model_directory_is_one_line(demo_kit, tmp_path, capfd, damage
     line, _ = _train_error(demo_kit, tmp_path, capfd, model_id=str(model))
     assert line.startswith("train.py: error: --model_id: ") and phrase in line, line
     assert "installed" not in line, line  # not "You need to have sentencepiece or tiktoken installed"
+
+
+def test_a_damaged_opd_teacher_is_one_line_naming_its_flag(demo_kit, tmp_path, capfd):
+    teacher, phrase = damaged_copy(demo_kit / "base_model", tmp_path / "teacher", "cut_in_tensors")
+    lines = train_py_error(train_args(demo_kit, tmp_path / "r", recipe="opd", opd_teacher=teacher), capfd)
+    assert not any("Traceback" in line for line in lines), lines
+    assert lines[-1].startswith("train.py: error: --opd_teacher: ") and phrase in lines[-1], lines[-1]

@@ -32,7 +32,7 @@ def load_teacher(path: str, device: torch.device, dtype: torch.dtype):
     try:
         teacher = load_weights(path, dtype=dtype, attn_implementation="sdpa")
     except CheckpointError as e:
-        raise FlagError("--opd_teacher", f"{e}; pass a causal LM directory") from e
+        raise FlagError("--opd_teacher", str(e)) from e
     return teacher.to(device).eval().requires_grad_(False)
 
 
