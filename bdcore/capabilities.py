@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from math import isqrt
 
 from bdcore.checkpoint_files import config_value
 from bdcore.sidecar import SIDECAR_NAME
@@ -122,6 +123,16 @@ class Capabilities:
             return (
                 f"block_size {block_size} exceeds the model's context length {self.max_context} "
                 f"(max_position_embeddings); use at most that (default: the trained bd_size {self.max_draft_len})"
+            )
+        return None
+
+    def canvas_rows_refusal(self, rows: int) -> str | None:
+        """All-canvases self-spec verifies draft_len squared rows a forward (a canvas after every clean row):
+        no forward may hold more rows than the model's context, or a long trained block is a huge forward."""
+        if self.max_context is not None and rows > self.max_context:
+            return (
+                f"{rows} rows a forward exceed the model's context length {self.max_context}; use a draft_len of "
+                f"at most {isqrt(self.max_context)}, or self_spec_canvases last or auto"
             )
         return None
 

@@ -78,6 +78,9 @@ class DecodeConfig:
                 raise DecodeSettingsError(too_long)
             if block < 2 or draft < 2:
                 raise DecodeSettingsError("block_size and draft_len must be >= 2")
+            if self.mode == "self-spec" and self.self_spec_canvases == "all":
+                if (too_many := caps.canvas_rows_refusal(draft * draft)) is not None:
+                    raise DecodeSettingsError(f"self_spec_canvases all with draft_len {draft}: {too_many}")
         budget = denoise_budget(block, self.steps, shift=caps.shift)
         return ResolvedDecode(
             self.mode, block, budget, self.threshold, draft, self.fuse_commit, self.self_spec_canvases, auto_len
