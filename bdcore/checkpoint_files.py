@@ -2,8 +2,9 @@
 
 A corrupt or mismatched file otherwise surfaces as a deep library traceback (safetensors' header errors,
 transformers' size-mismatch report) or, worse, as memory the loader tries to allocate. `check_model_dir`
-reads only `config.json` and the safetensors headers, so every loader runs it first: the native engine's
-`bdcore.loading.load_checkpoint` and `train.py` (`--model_id`, `--opd_teacher`) at flag-parse time.
+reads only `config.json` and the safetensors headers, so every loader runs it first: through
+`bdcore.loading.check_checkpoint`, the native engine's loader and serve.py's SGLang and vLLM command
+builders; and `train.py` (`--model_id`, `--opd_teacher`) at flag-parse time.
 Stdlib only at import: `train.py` checks its flags before it imports torch.
 """
 
