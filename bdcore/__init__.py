@@ -3,6 +3,8 @@
 - `sidecar.py`: the one definition of `block_diffusion.json` (docs/design.md section 5);
 - `capabilities.py`: what a checkpoint can run, from its sidecar: modes, attention, stop ids, draft
   limit, what each serving backend serves; `loading.py`: load a checkpoint to decode it;
+- `checkpoint_files.py`: cheap checks of a model directory's files (config, safetensors headers) that
+  every loader runs before transformers reads them;
 - `attention_rule.py`: the one definition of who attends to whom (docs/design.md section 3), used by the
   training rows and by every decode forward of the native engine;
 - `tokens.py`: which ids are `<|mask|>`, end-of-turn and the block filler;

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from math import isqrt
 
+from bdcore.checkpoint_files import config_value
 from bdcore.sidecar import SIDECAR_NAME
 
 MODES = ("causal", "diffusion", "self-spec")
@@ -41,6 +43,7 @@ class Capabilities:
     within_block_causal: bool = False  # canvas rows attend causally within their block (False: both ways)
     draft_adapter: bool = False  # a draft-only adapter acts at canvas rows only
     hybrid: bool | None = None  # gated-delta layers (None: the model config was not read)
+    max_context: int | None = None  # max_position_embeddings (None: the model config was not read)
     stop_ids: frozenset[int] = frozenset()  # end-of-turn, eos, the block filler (from the tokenizer)
 
     @classmethod
@@ -49,12 +52,13 @@ class Capabilities:
 
     def with_facts(self, *, model_config=None) -> Capabilities:
         """These capabilities with what the sidecar does not hold: whether the model (its `config.json`
-        as a dict, or an HF config) has gated-delta layers."""
+        as a dict, or an HF config) has gated-delta layers, and its context length."""
         if model_config is None:
             return self
         from bdcore.gated_delta import is_hybrid
 
-        return replace(self, hybrid=is_hybrid(model_config))
+        context = config_value(model_config, "max_position_embeddings")
+        return replace(self, hybrid=is_hybrid(model_config), max_context=context)
 
     # -- modes ---------------------------------------------------------------------------------------
     @property
@@ -111,6 +115,26 @@ class Capabilities:
     def max_draft_len(self) -> int:
         """The longest self-spec draft (or diffusion canvas) the checkpoint was trained on: its block."""
         return self.bd_size or 1
+
+    def block_size_refusal(self, block_size: int) -> str | None:
+        """A canvas longer than the model's context: its positions do not exist, and its attention mask
+        (block_size squared) is allocated per request, which for a huge one is an out-of-memory kill."""
+        if self.max_context is not None and block_size > self.max_context:
+            return (
+                f"block_size {block_size} exceeds the model's context length {self.max_context} "
+                f"(max_position_embeddings); use at most that (default: the trained bd_size {self.max_draft_len})"
+            )
+        return None
+
+    def canvas_rows_refusal(self, rows: int) -> str | None:
+        """All-canvases self-spec verifies draft_len squared rows a forward (a canvas after every clean row):
+        no forward may hold more rows than the model's context, or a long trained block is a huge forward."""
+        if self.max_context is not None and rows > self.max_context:
+            return (
+                f"{rows} rows a forward exceed the model's context length {self.max_context}; use a draft_len of "
+                f"at most {isqrt(self.max_context)}, or self_spec_canvases last or auto"
+            )
+        return None
 
     def draft_len_refusal(self, draft_len: int) -> str | None:
         """A canvas longer than a trained block is a block the model never saw in training."""

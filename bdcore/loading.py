@@ -11,6 +11,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from bdcore.capabilities import Capabilities
+from bdcore.checkpoint_files import (
+    RESAVE,
+    CheckpointError,
+    check_model_dir,
+    first_line,
+    missing_tokenizer,
+    safetensors_header,
+    weight_files,
+)
 from bdcore.decode.speculation import read_draft_prior
 from bdcore.draft_adapter import load_draft_adapter
 from bdcore.gated_delta import is_hybrid
@@ -19,10 +28,6 @@ from bdcore.tokens import MASK_TOKEN, stop_ids, token_id
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot serve the requested mode; the message says why and what to do."""
 
 
 @dataclass
@@ -83,21 +88,66 @@ def serving_dtype(name: str, device: str | torch.device) -> str:
     return "bf16" if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else "fp32"
 
 
-def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(path: Path, **kwargs) -> PreTrainedTokenizerBase:
+    """AutoTokenizer on a checkpoint directory, its failure one line that names the directory."""
+    from transformers import AutoTokenizer
 
+    try:
+        return AutoTokenizer.from_pretrained(path, **kwargs)
+    except Exception as e:  # the tokenizers library raises a bare Exception on a corrupt tokenizer.json
+        why = missing_tokenizer(path)  # transformers' own message for this case is about converter packages
+        raise CheckpointError(why or f"cannot load the tokenizer in {path} ({first_line(e)}); {RESAVE}") from e
+
+
+def load_weights(model_id: str | os.PathLike, **kwargs):
+    """AutoModelForCausalLM.from_pretrained, its failure one line that names the file (the loaders of the
+    engine, the trainer and the OPD teacher share it; `check_model_dir` has already read the headers)."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_id, **kwargs)
+    except SafetensorError as e:  # its message names no file: find the one its reader refuses
+        where = _unreadable_weights(Path(model_id)) or model_id
+        raise CheckpointError(f"cannot load the weights in {where} ({first_line(e)}); {RESAVE}") from e
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot load the weights in {model_id} ({first_line(e)}); {RESAVE}") from e
+
+
+def _unreadable_weights(path: Path) -> Path | None:
+    from safetensors import SafetensorError, safe_open
+
+    for file in weight_files(path) if path.is_dir() else []:
+        try:
+            with safe_open(str(file), framework="pt"):  # reads the header only
+                pass
+        except SafetensorError:
+            return file
+    return None
+
+
+def check_checkpoint(path: str | os.PathLike) -> tuple[dict, PreTrainedTokenizerBase, Sidecar | None]:
+    """Everything a loader checks before the weights, in one place: the files (`check_model_dir`: a bad
+    one is named before transformers reads it), the tokenizer, and the sidecar against both. Returns
+    config.json, the tokenizer and the sidecar (None: a plain AR checkpoint). The native engine loads the
+    weights next; the SGLang and vLLM command builders stop here (their engines read the weights)."""
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise CheckpointError(
-            f"{path} is not a model directory (no config.json); pass a checkpoint such as runs/x/final"
-        )
-    tok = AutoTokenizer.from_pretrained(path)
+    config = check_model_dir(path)
+    tok = load_tokenizer(path)
     sidecar = read_sidecar(path) if (path / SIDECAR_NAME).is_file() else None
     if sidecar is not None:
         sidecar.check_tokenizer(tok)
-        check_decodable(sidecar, path, AutoConfig.from_pretrained(path))
+        sidecar.check_model(config)
+    return config, tok, sidecar
+
+
+def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
+    path = Path(path)
+    config, tok, sidecar = check_checkpoint(path)
+    if sidecar is not None:
+        check_decodable(sidecar, path, config)
     dev = torch.device(device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, dev), attn_implementation="sdpa")
+    model = load_weights(path, dtype=resolve_dtype(dtype, dev), attn_implementation="sdpa")
     if sidecar is not None and sidecar.draft_adapter is not None:
         adapter = path / sidecar.draft_adapter
         if not (adapter / "adapter_config.json").is_file():
@@ -105,6 +155,8 @@ def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str 
                 f"{path / SIDECAR_NAME} names the draft adapter {sidecar.draft_adapter!r}, but {adapter} holds no "
                 "adapter_config.json; copy the whole checkpoint directory"
             )
+        for file in sorted(adapter.glob("*.safetensors")):
+            safetensors_header(file)
         try:
             load_draft_adapter(model, adapter, sidecar.mask_id)
         except ValueError as e:

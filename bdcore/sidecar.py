@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+from bdcore.checkpoint_files import config_value
 
 SIDECAR_NAME = "block_diffusion.json"
 FORMAT_VERSION = 2  # 2 added `draft_adapter`; a version-1 sidecar reads as a checkpoint without one
@@ -13,6 +16,35 @@ READABLE_VERSIONS = (1, 2)
 # Fields without which a reader would have to guess the checkpoint's semantics (a wrong guess decodes
 # silently differently from training), so they are refused rather than defaulted.
 REQUIRED = ("bd_size", "mask_id", "shift", "clean_causal", "within_block_causal")
+
+
+def _int_at_least(low: int):
+    # bool is an int subclass, and `true` is no block size
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _adapter_dir(v) -> bool:
+    return v is None or (isinstance(v, str) and bool(v) and "/" not in v and v[0] != ".")
+
+
+# Every field's type and range, checked on read: a value of the wrong type would otherwise pass silently
+# until something computes with it. Sizes bounded by the model (bd_size, mask_id) are `check_model`'s.
+FIELD_RULES = {
+    "bd_size": (_int_at_least(2), "an integer >= 2"),
+    "mask_id": (_int_at_least(0), "a non-negative integer"),
+    "mask_token": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "ar_loss_weight": (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
+        "a finite number >= 0",
+    ),
+    "shift": (lambda v: isinstance(v, bool), "true or false"),
+    "clean_causal": (lambda v: isinstance(v, bool), "true or false"),
+    "within_block_causal": (lambda v: isinstance(v, bool), "true or false"),
+    "views": (_int_at_least(1), "an integer >= 1 (noised views per row)"),
+    "base_model": (lambda v: isinstance(v, str), "a string"),
+    "global_step": (_int_at_least(0), "a non-negative integer"),
+    "draft_adapter": (_adapter_dir, "null or the name of a subdirectory of the checkpoint"),
+}
 
 
 class SidecarError(ValueError):
@@ -58,21 +90,14 @@ class Sidecar:
             )
         if version == 1 and data.get("draft_adapter") is not None:
             raise SidecarError(f"{SIDECAR_NAME}: draft_adapter needs format_version 2, the sidecar says 1")
-        kept = {k: v for k, v in data.items() if k in known}
-        sc = cls(**kept)
-        for name in ("shift", "clean_causal", "within_block_causal"):
-            if not isinstance(getattr(sc, name), bool):
-                raise SidecarError(f"{SIDECAR_NAME}: {name} must be true or false, got {getattr(sc, name)!r}")
-        if not isinstance(sc.bd_size, int) or sc.bd_size < 2:
-            raise SidecarError(f"{SIDECAR_NAME}: bd_size must be an integer >= 2, got {sc.bd_size!r}")
-        if not isinstance(sc.mask_id, int) or sc.mask_id < 0:
-            raise SidecarError(f"{SIDECAR_NAME}: mask_id must be a non-negative integer, got {sc.mask_id!r}")
-        adapter = sc.draft_adapter
-        if adapter is not None and (not isinstance(adapter, str) or not adapter or "/" in adapter or adapter[0] == "."):
-            raise SidecarError(
-                f"{SIDECAR_NAME}: draft_adapter must name a subdirectory of the checkpoint, got {adapter!r}"
-            )
-        if adapter is not None and not sc.clean_causal:
+        for name, (valid, what) in FIELD_RULES.items():
+            if name in data and not valid(data[name]):
+                raise SidecarError(
+                    f"{SIDECAR_NAME}: {name} must be {what}, got {data[name]!r}; fix the field or re-export the "
+                    "checkpoint with train.py"
+                )
+        sc = cls(**{k: v for k, v in data.items() if k in known})
+        if sc.draft_adapter is not None and not sc.clean_causal:
             raise SidecarError(
                 f"{SIDECAR_NAME}: a draft adapter needs clean_causal true (its clean stream is the causal base model)"
             )
@@ -93,6 +118,24 @@ class Sidecar:
             stop_ids=stop_ids,
         )
         return caps.with_facts(model_config=model_config)
+
+    def check_model(self, model_config) -> None:
+        """Reject sizes the model cannot hold (`model_config`: an HF config, or config.json's dict): a block
+        longer than its context (a canvas of bd_size rows is allocated per request, so a huge one is an
+        out-of-memory kill, not an error), or a mask id outside its embedding."""
+        context = config_value(model_config, "max_position_embeddings")
+        if context is not None and self.bd_size > context:
+            raise SidecarError(
+                f"{SIDECAR_NAME}: bd_size {self.bd_size} exceeds the model's context length {context} "
+                "(max_position_embeddings in config.json); fix bd_size to the block size the checkpoint was "
+                "trained with"
+            )
+        vocab = config_value(model_config, "vocab_size")
+        if vocab is not None and self.mask_id >= vocab:
+            raise SidecarError(
+                f"{SIDECAR_NAME}: mask_id {self.mask_id} is outside the model's embedding (vocab_size {vocab} in "
+                "config.json); the sidecar and the weights come from different runs: re-export the checkpoint"
+            )
 
     def check_tokenizer(self, tokenizer) -> None:
         """Reject a sidecar whose mask token/id disagrees with the checkpoint's tokenizer."""

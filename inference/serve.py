@@ -273,6 +273,11 @@ def run_native(args, extra: list[str]) -> int:
 
     if args.max_request_bytes < 1:
         raise SystemExit("serve.py: error: --max-request-bytes must be >= 1")
+    if args.max_tokens < 1:  # else every request that gives no max_tokens would fail, as a 500
+        raise SystemExit(
+            f"serve.py: error: --max-tokens must be >= 1, got {args.max_tokens}; it is the reply length "
+            "of a request that gives no max_tokens"
+        )
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         loaded = load_checkpoint(args.model, device=device, dtype=serving_dtype(args.dtype, device))

@@ -72,6 +72,21 @@ def test_draft_length_limit_is_the_trained_block():
     assert DecodeConfig(mode="self-spec").resolve(caps).draft_len == 4
 
 
+def test_canvases_are_bounded_by_the_model_context():
+    """A canvas longer than the context was decoded, and allocated its block_size-squared mask per request
+    (a 500 at 100000, a killed server at 10**9); all-canvases self-spec holds draft_len squared rows."""
+    caps = Sidecar(bd_size=40, mask_id=7).capabilities(model_config={"max_position_embeddings": 1024})
+    assert caps.max_context == 1024 and DecodeConfig(mode="diffusion", block_size=1024).resolve(caps).block == 1024
+    with pytest.raises(DecodeSettingsError, match="block_size 1025 exceeds the model's context length 1024"):
+        DecodeConfig(mode="diffusion", block_size=1025).resolve(caps)
+    with pytest.raises(DecodeSettingsError, match="draft_len 40: 1600 rows a forward exceed .* at most 32"):
+        DecodeConfig(mode="self-spec", self_spec_canvases="all").resolve(caps)
+    assert DecodeConfig(mode="self-spec", draft_len=32, self_spec_canvases="all").resolve(caps).draft_len == 32
+    assert DecodeConfig(mode="self-spec", self_spec_canvases="last").resolve(caps).draft_len == 40
+    unread = Sidecar(bd_size=40, mask_id=7).capabilities()  # no model config: nothing to bound by
+    assert DecodeConfig(mode="diffusion", block_size=10**6).resolve(unread).block == 10**6
+
+
 @pytest.mark.parametrize(
     "caps, mode, refused",
     [

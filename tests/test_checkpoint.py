@@ -1,7 +1,9 @@
-"""Checkpoints are atomic: a crash mid-save leaves the previous checkpoint and `latest` intact."""
+"""Checkpoints are atomic: a crash mid-save leaves the previous checkpoint and `latest` intact; a damaged
+checkpoint is refused in one line that names the file and the fix."""
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -11,6 +13,7 @@ import torch.distributed.checkpoint as dcp
 
 from bdcore.sidecar import Sidecar, SidecarError, read_sidecar
 from data.toy_tokenizer import build_char_tokenizer
+from tests.damaged_checkpoints import DAMAGES, damaged_copy
 from tests.tiny import tiny_model
 from train.checkpoint import check_resume, load_train_state, resolve_resume, save_checkpoint
 from train.cli import parse_args
@@ -273,3 +276,57 @@ def test_a_train_state_that_fails_to_load_is_one_clear_error(one_rank, tmp_path)
     rng.write_bytes(rng.read_bytes()[:100])
     with pytest.raises(FlagError, match=f"^--resume: {ckpt} cannot be loaded \\(.*\\); resume from an earlier"):
         load_train_state(resolve_resume(tmp_path), lm, opt, one_rank)
+
+
+@pytest.fixture(scope="module")
+def servable(tmp_path_factory):
+    from tests.tiny import tiny_checkpoint
+
+    return tiny_checkpoint(tmp_path_factory.mktemp("servable"))
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_checkpoint_is_one_error_naming_the_file_and_the_fix(servable, tmp_path, damage):
+    """Truncated, empty or huge-header weights, a malformed config, a vocab_size the weights disagree with, no
+    tokenizer files: each a `CheckpointError` (serve.py prints it as one line), never a library traceback."""
+    from bdcore.loading import CheckpointError, load_checkpoint
+
+    changed, phrase = damaged_copy(servable, tmp_path / damage, damage)
+    with pytest.raises(CheckpointError, match=re.escape(phrase)) as caught:
+        load_checkpoint(changed)
+    message = str(caught.value)
+    assert "\n" not in message and str(changed) in message, message
+    assert "re-save or re-download" in message or "copy them" in message, message
+
+
+def test_a_missing_shard_of_an_index_is_named(servable, tmp_path):
+    from bdcore.checkpoint_files import safetensors_header
+    from bdcore.loading import CheckpointError, load_checkpoint
+
+    changed = tmp_path / "sharded"
+    shutil.copytree(servable, changed)
+    (changed / "model.safetensors").rename(changed / "model-00001-of-00002.safetensors")
+    keys = list(safetensors_header(changed / "model-00001-of-00002.safetensors"))
+    index = {"weight_map": {k: "model-00001-of-00002.safetensors" for k in keys if k != "__metadata__"}}
+    index["weight_map"]["lm_head.weight"] = "model-00002-of-00002.safetensors"
+    (changed / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="missing: model-00002-of-00002.safetensors"):
+        load_checkpoint(changed)
+
+
+def test_sidecar_sizes_are_bounded_by_the_model(servable, tmp_path):
+    """A bd_size of 10**9 was accepted, and the first request grew the server to 21 GB until it was killed."""
+    from bdcore.loading import load_checkpoint
+
+    changed = tmp_path / "big"
+    shutil.copytree(servable, changed)
+    data = json.loads((changed / "block_diffusion.json").read_text())
+    (changed / "block_diffusion.json").write_text(json.dumps({**data, "bd_size": 10**9}))
+    read_sidecar(changed)  # an integer >= 2: the bound is the model's
+    with pytest.raises(SidecarError, match="bd_size 1000000000 exceeds the model's context length 1024"):
+        load_checkpoint(changed)
+    # a mask id the tokenizer has but the weights have no row for (an HF config object reads alike)
+    config = {"text_config": {"vocab_size": 99, "max_position_embeddings": 1024}}
+    with pytest.raises(SidecarError, match="mask_id 99 is outside the model's embedding"):
+        Sidecar(bd_size=4, mask_id=99).check_model(config)
+    Sidecar(bd_size=4, mask_id=98).check_model(config)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, train_py_error
+from tests.damaged_checkpoints import DAMAGES, damaged_copy
 from tests.train_args import train_args
 
 # The runs of train.py as a program are e2e; the start-up errors run its main() in this process (not e2e).
@@ -147,3 +148,20 @@ def test_a_save_dir_that_cannot_hold_the_run_is_refused_at_start(demo_kit, tmp_p
     assert ("is not a directory" if where == "regular_file" else "cannot be written") in lines[0]
     if where == "regular_file":
         assert save_dir.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_model_directory_is_one_line(demo_kit, tmp_path, capfd, damage):
+    """The directories serve.py refuses (tests/test_checkpoint.py) used to end train.py in tracebacks, and a
+    missing tokenizer.json in advice to install sentencepiece or tiktoken."""
+    model, phrase = damaged_copy(demo_kit / "base_model", tmp_path / "model", damage)
+    line, _ = _train_error(demo_kit, tmp_path, capfd, model_id=str(model))
+    assert line.startswith("train.py: error: --model_id: ") and phrase in line, line
+    assert "installed" not in line, line  # not "You need to have sentencepiece or tiktoken installed"
+
+
+def test_a_damaged_opd_teacher_is_one_line_naming_its_flag(demo_kit, tmp_path, capfd):
+    teacher, phrase = damaged_copy(demo_kit / "base_model", tmp_path / "teacher", "cut_in_tensors")
+    lines = train_py_error(train_args(demo_kit, tmp_path / "r", recipe="opd", opd_teacher=teacher), capfd)
+    assert not any("Traceback" in line for line in lines), lines
+    assert lines[-1].startswith("train.py: error: --opd_teacher: ") and phrase in lines[-1], lines[-1]

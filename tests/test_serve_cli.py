@@ -157,3 +157,81 @@ def test_serving_dtype_auto_is_bf16_where_the_cpu_has_native_bf16(monkeypatch):
     assert loading.serving_dtype("auto", "cuda") == "bf16"
     monkeypatch.setattr(loading, "cpu_has_bf16", lambda: False)
     assert loading.serving_dtype("auto", "cpu") == "fp32" and loading.serving_dtype("bf16", "cpu") == "bf16"
+
+
+def _refused_at_start(monkeypatch, argv) -> str:
+    """serve.py's main() expecting its one-line error before the server starts."""
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **k: pytest.fail("the server started"))
+    with pytest.raises(SystemExit) as stopped:
+        serve.main(argv)
+    line = str(stopped.value.code)
+    assert line.startswith("serve.py: error: ") and "\n" not in line, line
+    return line
+
+
+def test_sizes_the_model_cannot_hold_are_refused_at_start(monkeypatch, tmp_path):
+    """--block-size 100000 used to start and answer 500 (a 10 GB mask) in diffusion mode; a sidecar bd_size
+    of 10**9 used to start and grow to 21 GB at the first request. Both are bounded by the model's context."""
+    import json
+
+    from tests.tiny import tiny_checkpoint
+
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    native = ["--backend", "native", "--device", "cpu"]
+    line = _refused_at_start(monkeypatch, [str(ckpt), "--mode", "diffusion", "--block-size", "100000", *native])
+    assert "block_size 100000 exceeds the model's context length 1024" in line, line
+    sidecar = ckpt / "block_diffusion.json"
+    sidecar.write_text(json.dumps({**json.loads(sidecar.read_text()), "bd_size": 10**9}))
+    for mode in ("diffusion", "self-spec", "causal"):
+        line = _refused_at_start(monkeypatch, [str(ckpt), "--mode", mode, *native])
+        assert "bd_size 1000000000 exceeds the model's context length 1024" in line, line
+    for backend in ("sglang", "vllm"):  # the commands they would run are refused alike
+        line = _refused_at_start(monkeypatch, [str(ckpt), "--mode", "diffusion", "--backend", backend, "--dry-run"])
+        assert "bd_size 1000000000 exceeds the model's context length 1024" in line, line
+    sidecar.write_text(json.dumps({**json.loads(sidecar.read_text()), "bd_size": 4}))
+    line = _refused_at_start(
+        monkeypatch, [str(ckpt), "--mode", "diffusion", "--block-size", "100000", "--backend", "vllm", "--dry-run"]
+    )
+    assert "block_size 100000 exceeds the model's context length 1024" in line, line
+
+
+@pytest.mark.parametrize("damage", ["cut_in_tensors", "malformed_config", "no_tokenizer"])
+def test_every_backend_refuses_a_damaged_checkpoint_in_one_line(monkeypatch, tmp_path, damage):
+    """The SGLang and vLLM commands are built from the checkpoint's sidecar and tokenizer in our environment:
+    the same checks as the native loader (a malformed config.json was an OSError traceback on SGLang)."""
+    from tests.damaged_checkpoints import damaged_copy
+    from tests.tiny import tiny_checkpoint
+
+    ckpt, phrase = damaged_copy(tiny_checkpoint(tmp_path / "ckpt"), tmp_path / "bad", damage)
+    for backend in ("native", "sglang", "vllm"):
+        argv = [str(ckpt), "--mode", "self-spec", "--draft-len", "4", "--backend", backend, "--dry-run"]
+        assert phrase in _refused_at_start(monkeypatch, argv)
+
+
+def test_the_default_reply_length_is_refused_at_start_when_it_is_not_positive(monkeypatch, tmp_path):
+    """--max-tokens 0 used to start, then answer 500 to every request that gave no max_tokens."""
+    line = _refused_at_start(
+        monkeypatch, [str(tmp_path), "--mode", "causal", "--backend", "native", "--max-tokens", "0"]
+    )
+    assert "--max-tokens must be >= 1" in line, line
+
+
+def test_a_damaged_checkpoint_is_one_line_from_the_program(tmp_path):
+    """The real process: a truncated model.safetensors used to end in a 23-line SafetensorError traceback."""
+    from tests.damaged_checkpoints import damaged_copy
+    from tests.tiny import tiny_checkpoint
+
+    ckpt, phrase = damaged_copy(tiny_checkpoint(tmp_path / "ckpt"), tmp_path / "cut", "cut_in_tensors")
+    proc = subprocess.run(
+        [sys.executable, "inference/serve.py", str(ckpt), "--mode", "diffusion", "--backend", "native"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("serve.py: error: "), proc.stderr[-3000:]
+    assert phrase in errors[0] and "re-save or re-download the checkpoint" in errors[0], errors

@@ -270,3 +270,16 @@ def test_api_key_guards_every_path_but_health(server, path):
     assert call(server[0], path, key="wrong")[0] == 401
     assert call(server[0], path)[0] == 200
     assert call(server[0], "/health", key=None)[0] == 200
+
+
+def test_a_request_whose_settings_the_model_cannot_hold_is_400(tmp_path):
+    """All-canvases self-spec over a 40-token block is 1600 rows a forward, more than the tiny model's 1024
+    positions: a request choosing it is refused by name, before any forward (it used to be decoded)."""
+    body = {"model": "tiny", "messages": MSG, "max_tokens": 4, "mode": "self-spec"}
+    with running(tiny_checkpoint(tmp_path / "bd40", bd_size=40)) as (url, _app, _loaded):
+        status, text = call(url, "/v1/chat/completions", {**body, "self_spec_canvases": "all"}, key=None)
+        assert status == 400, text
+        error = json.loads(text)["error"]
+        assert error["param"] == "self_spec_canvases" and "1600 rows a forward" in error["message"], error
+        status, text = call(url, "/v1/chat/completions", {**body, "self_spec_canvases": "last"}, key=None)
+        assert status == 200, text

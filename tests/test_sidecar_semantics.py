@@ -2,6 +2,7 @@
 `within_block_causal` must be present and boolean, and the engine refuses what it cannot decode."""
 
 import json
+import re
 
 import pytest
 
@@ -62,3 +63,31 @@ def test_serve_cli_refuses_an_impossible_unshifted_checkpoint_in_one_line(ckpt, 
     changed = _with_sidecar(ckpt, tmp_path, shift=False)
     with pytest.raises(SystemExit, match="shift: false"):
         serve.main([str(changed), "--mode", "diffusion", "--backend", "native"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("ar_loss_weight", "lots"),
+        ("ar_loss_weight", -0.5),
+        ("ar_loss_weight", float("nan")),
+        ("views", 0),
+        ("views", 1.5),
+        ("bd_size", True),
+        ("bd_size", "32"),
+        ("mask_id", -1),
+        ("mask_token", 3),
+        ("mask_token", ""),
+        ("base_model", 7),
+        ("global_step", -1),
+        ("global_step", "2000"),
+        ("draft_adapter", "../elsewhere"),
+    ],
+)
+def test_every_field_of_the_wrong_type_or_range_is_refused_by_name(ckpt, tmp_path, field, value):
+    """`"ar_loss_weight": "lots"` and `"views": 0` used to be read silently."""
+    changed = _with_sidecar(ckpt, tmp_path, **{field: value})
+    with pytest.raises(SidecarError, match=f"{field} must be .*, got {re.escape(repr(value))}"):
+        read_sidecar(changed)
+    with pytest.raises(SidecarError, match=f"{field} must be"):
+        load_checkpoint(changed)

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from bdcore.checkpoint_files import first_line, missing_tokenizer
 from bdcore.draft_adapter import add_lora, recompute_context
 from bdcore.gated_delta import is_hybrid
-from bdcore.loading import cpu_has_bf16
-from train.config import FlagError, JobConfig, first_line
+from bdcore.loading import CheckpointError, cpu_has_bf16, load_weights
+from train.config import FlagError, JobConfig
 from train.data import DataError, DataStats, load_samples
 from train.loss import liger_available
 from train.model import TwoStreamLM, attention_backend, check_supported_model, is_moe
@@ -72,6 +73,8 @@ def _load_tokenizer(config: JobConfig):
     try:
         return AutoTokenizer.from_pretrained(model_id, trust_remote_code=config.model.trust_remote_code)
     except (OSError, ValueError) as e:  # the hub client's errors: not found, offline, gated, no tokenizer
+        if (missing := missing_tokenizer(model_id)) is not None:  # transformers' message: converter packages
+            raise FlagError("--model_id", missing) from e
         reason = first_line(e)
         raise FlagError(
             "--model_id",
@@ -169,9 +172,10 @@ def build_model(config: JobConfig, info: DistInfo, tokens: TokenizerParts) -> tu
     lora = config.lora.spec()
     full_sd = buffers = None
     if info.is_main:
-        cpu_model = AutoModelForCausalLM.from_pretrained(
-            model_id, dtype=torch.float32, attn_implementation=attn, trust_remote_code=remote
-        )
+        try:
+            cpu_model = load_weights(model_id, dtype=torch.float32, attn_implementation=attn, trust_remote_code=remote)
+        except CheckpointError as e:
+            raise FlagError("--model_id", str(e)) from e
         check_supported_model(cpu_model)
         if tokens.num_real is not None:
             init_mask_rows(cpu_model, mask_id, tokens.num_real)

@@ -9,6 +9,7 @@ import os
 import tempfile
 
 from bdcore.capabilities import MODES, Capabilities
+from bdcore.checkpoint_files import CheckpointError, check_model_dir
 from train.cli_fields import field_flag
 from train.config import EvalSection, FlagError, OPDSection, RLSection
 
@@ -187,7 +188,8 @@ def check_eval(args, bad) -> None:
 
 
 def check_model_id(model_id: str) -> None:
-    """Local paths are checked here; a hub id is checked when it is downloaded."""
+    """Local paths are checked here, their files too (`check_model_dir`: before torch is imported, and on
+    every rank, so a bad file stops every rank alike); a hub id is checked when it is downloaded."""
     fix = "pass a hub id (e.g. Qwen/Qwen3-4B) or a local directory written by save_pretrained"
     if not model_id.strip():
         raise FlagError("--model_id", f"is empty; {fix}")
@@ -195,6 +197,10 @@ def check_model_id(model_id: str) -> None:
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise FlagError("--model_id", f"{model_id} holds no config.json; {fix}")
+        try:
+            check_model_dir(path)
+        except CheckpointError as e:
+            raise FlagError("--model_id", str(e)) from e
     elif os.path.exists(path):
         raise FlagError("--model_id", f"{model_id} is a file, not a model directory; {fix}")
     elif model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:

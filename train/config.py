@@ -24,11 +24,6 @@ class FlagError(ValueError):
         self.flag = flag
 
 
-def first_line(error: BaseException) -> str:
-    """The gist of a library's error (hub clients and JSON parsers write several lines) for a one-line message."""
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
 @dataclass(frozen=True)
 class BlockDiffusionConfig:
     """What a training row means. Everything that builds rows, masks or losses reads this.

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bdcore.chat import chat_ids
-from train.config import FlagError, first_line
+from bdcore.checkpoint_files import first_line
+from train.config import FlagError
 from train.rows import Sample, two_stream_length
 from train.single_stream import single_stream_length
 

@@ -16,9 +16,10 @@ import torch
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
+from bdcore.loading import CheckpointError, load_weights
 from bdcore.tokens import MASK_TOKEN, stop_ids
 from train.build import compute_dtype
-from train.config import FlagError, JobConfig, first_line
+from train.config import FlagError, JobConfig
 from train.noise import noise_generator
 from train.opd import choose_states, opd_loss, prompt_of, teacher_logprobs
 from train.rollout import student_rollouts
@@ -28,13 +29,10 @@ OPD_STREAM = 1 << 20  # micro-step slot of the OPD draws in `noise_generator`, a
 
 
 def load_teacher(path: str, device: torch.device, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
-
     try:
-        teacher = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-    except (OSError, ValueError) as e:
-        reason = first_line(e)
-        raise FlagError("--opd_teacher", f"cannot load {path} ({reason}); pass a causal LM directory") from e
+        teacher = load_weights(path, dtype=dtype, attn_implementation="sdpa")
+    except CheckpointError as e:
+        raise FlagError("--opd_teacher", str(e)) from e
     return teacher.to(device).eval().requires_grad_(False)
 
 

@@ -74,10 +74,13 @@ class DecodeConfig:
         if not self.threshold >= 0.0:  # above 1: one slot per step (nothing is ever that confident)
             raise DecodeSettingsError(f"threshold must be >= 0, got {self.threshold}")
         if self.mode != "causal":
-            if (too_long := caps.draft_len_refusal(draft)) is not None:
+            if (too_long := caps.draft_len_refusal(draft) or caps.block_size_refusal(block)) is not None:
                 raise DecodeSettingsError(too_long)
             if block < 2 or draft < 2:
                 raise DecodeSettingsError("block_size and draft_len must be >= 2")
+            if self.mode == "self-spec" and self.self_spec_canvases == "all":
+                if (too_many := caps.canvas_rows_refusal(draft * draft)) is not None:
+                    raise DecodeSettingsError(f"self_spec_canvases all with draft_len {draft}: {too_many}")
         budget = denoise_budget(block, self.steps, shift=caps.shift)
         return ResolvedDecode(
             self.mode, block, budget, self.threshold, draft, self.fuse_commit, self.self_spec_canvases, auto_len

@@ -99,6 +99,9 @@ class Engine:
         self.loaded = loaded
         self.decode = decode or DecodeConfig()
         loaded.check_mode(self.decode.mode)
+        # The default settings are every request's unless it picks a mode: check them now, so that a bad one
+        # (a block longer than the context) stops the server at start rather than failing each request.
+        self._resolve(self.decode)
         self.runner = loaded.capabilities.runner(loaded.model)
         self.driver = DecodeDriver(self.runner, Speculation(cost, prior=loaded.draft_prior) if cost else None)
         self._calibrating = threading.Lock()

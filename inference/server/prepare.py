@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from bdcore.decode.config import SELF_SPEC_CANVASES
+from bdcore.decode.config import SELF_SPEC_CANVASES, DecodeSettingsError
 from bdcore.decode.sampling import SamplingParams
 from bdcore.loading import CheckpointError, LoadedModel
 from inference.native.engine import DecodeConfig
@@ -133,4 +133,9 @@ def request_decode(loaded: LoadedModel, default: DecodeConfig, body: dict) -> De
         raise APIError(
             400, f"'self_spec_canvases' must be one of {list(SELF_SPEC_CANVASES)}", param="self_spec_canvases"
         )
-    return replace(default, mode=mode, self_spec_canvases=canvases)
+    decode = replace(default, mode=mode, self_spec_canvases=canvases)
+    try:  # the server's own settings were checked at start; a request's choice of mode or canvases is new
+        decode.resolve(loaded.capabilities)
+    except DecodeSettingsError as e:
+        raise APIError(400, str(e), param="self_spec_canvases" if "self_spec_canvases" in body else "mode") from e
+    return decode

@@ -203,10 +203,9 @@ def bdstack_settings(
 ):
     """The `--dllm-algorithm-config` of our algorithm for `mode`, read off the checkpoint (its sidecar and
     tokenizer, loaded in our environment so the SGLang side needs neither transformers pins nor our code)."""
-    from transformers import AutoTokenizer
-
     from bdcore.decode.config import DecodeConfig
-    from bdcore.sidecar import SIDECAR_NAME, read_sidecar
+    from bdcore.loading import check_checkpoint
+    from bdcore.sidecar import SIDECAR_NAME
     from bdcore.tokens import end_of_turn_id, filler_id, stop_ids
     from inference.sglang_backend.settings import ALGORITHMS, DecodeSettings
 
@@ -215,10 +214,7 @@ def bdstack_settings(
         raise ValueError(f"mode {mode!r} has no bdstack SGLang algorithm; choose one of {sorted(ALGORITHMS)}")
     if not (model_dir / SIDECAR_NAME).is_file():
         raise ValueError(f"{model_dir} has no {SIDECAR_NAME}: --mode {mode} needs a bdstack checkpoint directory")
-    sidecar = read_sidecar(model_dir)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    sidecar.check_tokenizer(tok)
-    model_config = json.loads((model_dir / "config.json").read_text())
+    model_config, tok, sidecar = check_checkpoint(model_dir)
     caps = sidecar.capabilities(stop_ids=stop_ids(tok), model_config=model_config)
     if (why := caps.backend_refusal("sglang", mode)) is not None:
         raise ValueError(why)

@@ -129,10 +129,9 @@ def bdstack_settings(
     draft_len: int | None = None,
 ):
     """The plugin's settings for `mode`, read off the checkpoint (sidecar and tokenizer, in our environment)."""
-    from transformers import AutoTokenizer
-
     from bdcore.decode.config import DecodeConfig
-    from bdcore.sidecar import read_sidecar
+    from bdcore.loading import check_checkpoint
+    from bdcore.sidecar import SIDECAR_NAME
     from bdcore.tokens import end_of_turn_id, filler_id
     from inference.sglang_backend.command import sglang_stop_ids
     from inference.vllm_backend.checkpoint import refusal
@@ -140,12 +139,12 @@ def bdstack_settings(
 
     if mode not in MODES:
         raise VllmCommandError(f"mode {mode!r} has no bdstack vLLM algorithm; choose one of {MODES} (or causal)")
+    if not (Path(model_dir) / SIDECAR_NAME).is_file():
+        raise VllmCommandError(f"{model_dir} has no {SIDECAR_NAME}: --mode {mode} needs a bdstack checkpoint directory")
+    model_config, tok, sidecar = check_checkpoint(model_dir)  # the files first: refusal reads config.json
     why = refusal(model_dir, mode)
     if why:
         raise VllmCommandError(why)
-    sidecar = read_sidecar(Path(model_dir))
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    sidecar.check_tokenizer(tok)
     eot = end_of_turn_id(tok)
     filler = filler_id(tok, eot)
     others = [int(tok.eos_token_id)] if tok.eos_token_id is not None and tok.eos_token_id not in (eot, filler) else []
@@ -156,7 +155,7 @@ def bdstack_settings(
             f"vLLM would not stop at end-of-turn (token {eot}): it stops at generation_config.json's eos_token_id "
             "and the tokenizer's eos; add the end-of-turn id to generation_config.json's eos_token_id"
         )
-    caps = sidecar.capabilities(mask_id=sidecar.mask_id)
+    caps = sidecar.capabilities(mask_id=sidecar.mask_id, model_config=model_config)  # the context bounds the canvas
     resolved = DecodeConfig(
         mode=mode, block_size=block_size, threshold=threshold, steps=steps, draft_len=draft_len
     ).resolve(caps)
