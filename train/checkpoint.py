@@ -43,10 +43,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from bdcore.checkpoint_files import first_line
 from bdcore.draft_adapter import ADAPTER_DIR, base_state_dict, has_lora, merged_state_dict, save_adapter
 from bdcore.sidecar import Sidecar, write_sidecar
 from bdcore.tokens import MASK_TOKEN
-from train.config import RESUME_MUST_MATCH, SCHEDULE_FLAGS, FlagError, JobConfig, first_line
+from train.config import RESUME_MUST_MATCH, SCHEDULE_FLAGS, FlagError, JobConfig
 from train.parallel import DistInfo
 from train.recipes import recipe_of_record
 
