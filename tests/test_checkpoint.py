@@ -330,3 +330,13 @@ def test_sidecar_sizes_are_bounded_by_the_model(servable, tmp_path):
     with pytest.raises(SidecarError, match="mask_id 99 is outside the model's embedding"):
         Sidecar(bd_size=4, mask_id=99).check_model(config)
     Sidecar(bd_size=4, mask_id=98).check_model(config)
+
+
+def test_a_resume_takes_one_dataset_spelled_two_ways(tmp_path, monkeypatch):
+    """The same file given as a relative and as an absolute path is the same data order."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text("{}\n")
+    run = tmp_path / "run"
+    ckpt = _train_state_only(run, "step_2", 2, _config(run, "--dataset=d.jsonl").resume_flags())
+    assert check_resume(_config(run, f"--dataset={tmp_path / 'd.jsonl'}", "--resume", str(ckpt))).step == 2
+    assert check_resume(_config(run, "--dataset=./d.jsonl", "--resume", str(ckpt))).step == 2

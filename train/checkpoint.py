@@ -353,8 +353,13 @@ def check_resume(config: JobConfig) -> ResumePoint | None:
     state = read_trainer_state(ckpt)
     saved, now = recipe_of_record(state.get("config", {})), config.flags()
 
+    def same(key, old, new):
+        if key == "dataset" and isinstance(old, str) and isinstance(new, str):  # one file, spelled two ways
+            return old == new or os.path.realpath(old) == os.path.realpath(new)
+        return old == new
+
     def changed(keys):
-        return {k: [saved[k], now[k]] for k in keys if k in saved and saved[k] != now[k]}
+        return {k: [saved[k], now[k]] for k in keys if k in saved and not same(k, saved[k], now[k])}
 
     def listed(diff):
         return ", ".join(f"--{k} {old} -> {new}" for k, (old, new) in diff.items())
