@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from bdcore.decode.config import DecodeConfig
-from bdcore.decode.draft_quality import SampleDrafts, accepted_prefix, draft_quality, score_sample, walk_forwards
+from bdcore.decode.draft_quality import (
+    DraftQuality,
+    SampleDrafts,
+    accepted_prefix,
+    draft_quality,
+    score_sample,
+    walk_forwards,
+)
 from bdcore.decode.sampling import SamplingParams
 from bdcore.loading import load_checkpoint
 from bdcore.tokens import end_of_turn_id
@@ -33,6 +40,24 @@ def test_walk_replays_the_decoder_by_hand():
     never = SampleDrafts(10, 20, accepted=[0] * 10, ar_nll=[0.0] * 10, ar_matches_data=0)
     assert walk_forwards(never, 4, all_canvases=True) == 10  # one token a forward, the prefill's included
     assert walk_forwards(never, 4, all_canvases=False) == 10  # verify (correction) and cold steps alternate
+
+
+def test_the_summary_by_hand():
+    """The figures the trainer logs and the server takes as its acceptance prior: `draft_first_accept` counts
+    anchors whose first draft was accepted (accepted prefix > 0), not every anchor."""
+    s = SampleDrafts(10, 20, accepted=[3, 0, 0, 0, 1, 2, 0, 0, 3, 0], ar_nll=[0.5] * 10, ar_matches_data=6)
+    q = DraftQuality()
+    q.add(s, 4)
+    assert q.summary() == pytest.approx(
+        {
+            "draft_first_accept": 4 / 10,  # anchors 10, 14, 15 and 18
+            "draft_mean_accepted": 9 / 10,
+            "draft_tpf_linear": 10 / 6,  # the forwards of test_walk_replays_the_decoder_by_hand
+            "draft_tpf_all": 10 / 6,
+            "eval_ar_loss": 0.5,
+            "eval_ar_matches_data": 6 / 9,  # of the answer tokens after the first
+        }
+    )
 
 
 def _served_and_measured(ckpt, canvases, prompts, draft_len):

@@ -67,6 +67,40 @@ def test_no_text_packs_more_characters_into_a_token_than_the_bound(name):
         assert len(tok(text, add_special_tokens=False)["input_ids"]) * m >= len(text)
 
 
+def test_an_added_token_longer_than_every_vocabulary_string_sets_the_bound():
+    """Added tokens live outside the model's vocabulary (`added_tokens` in tokenizer.json): a chat marker
+    longer than every learnt string packs the most characters into one token, so the bound is its length."""
+    tok = real_tokenizers.byte_level()  # learnt strings of at most 13 characters ("<|endoftext|>")
+    marker = "<|start_header_id|>"
+    tok.add_tokens([marker], special_tokens=True)
+    assert marker not in json.loads(tok.backend_tokenizer.to_str())["model"]["vocab"]
+    m = chars_per_token(tok)
+    text = marker * 50
+    n = len(tok(text, add_special_tokens=False)["input_ids"])
+    assert n * m >= len(text), f"{len(text)} characters in {n} tokens, bound {m} a token"
+    assert (n, m) == (50, len(marker))  # and the bound is tight
+
+
+def test_a_replace_normalizer_multiplies_the_bound_by_what_it_folds():
+    """A normalizer that folds Windows line ends "\r\n" into "\n" halves the text before the model sees
+    it; with a learnt run of 16 newlines (as code tokenizers have), one token stands for 32 characters."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.normalizer = normalizers.Replace("\r\n", "\n")
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    texts = ["\n" * 16, *real_tokenizers.TEXTS]
+    core.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, initial_alphabet=alphabet))
+    tok = PreTrainedTokenizerFast(tokenizer_object=core)
+    m = chars_per_token(tok)
+    text = "\r\n" * 16 * 30
+    n = len(tok(text, add_special_tokens=False)["input_ids"])
+    assert n * m >= len(text), f"{len(text)} characters in {n} tokens, bound {m} a token"
+    assert (n, m) == (30, 2 * 16)  # and the bound is tight
+
+
 def test_nfc_and_nfkc_fold_at_most_composing_characters_into_one():
     longest = max(
         len(unicodedata.normalize("NFD", chr(c)))

@@ -24,6 +24,18 @@ def test_a_numberless_answer_never_matches():
         gsm("I am not sure", "The answer is 42.")  # None == None used to pay 1.0
 
 
+def test_a_negative_answer_keeps_its_sign():
+    """A number's leading '-' is part of it (lm-eval's flexible match reads it too): a correct negative
+    answer scores 1 as an RL reward and in GSM8K accuracy, and the positive one scores 0."""
+    gsm = load_reward("gsm8k")
+    assert gsm("The balance falls by 12, to -7.", "#### -7") == 1.0
+    assert gsm("It is 7.", "#### -7") == 0.0
+    problem = GSM.problem(0, {"question": "q", "answer": "#### -7"})
+    assert problem.reference == "-7"
+    assert GSM.score(problem, "so -7\n#### -7") == {"correct": True, "strict_correct": True, "extracted": "-7"}
+    assert GSM.score(problem, "so 7")["correct"] is False
+
+
 def test_unreadable_references_are_named_per_reward():
     refs = ["#### 7", "18", "The answer is 42.", "1 2 3", "#### nan"]
     assert sorted(unreadable_references("gsm8k", refs)) == [2, 3, 4]

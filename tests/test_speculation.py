@@ -95,6 +95,32 @@ def test_draft_acceptance_keeps_stale_drafts_apart():
     assert pooled.stale.attempted == [4] and pooled.fresh.attempted == [1, 1]
 
 
+def test_the_pool_is_halved_by_its_draft_1_count():
+    """`halve_above` bounds draft 1's observations (every verify step tries draft 1, later drafts only
+    after it passed), so a pool of long-running counts keeps following drift: later drafts' smaller
+    counts must not hold the halving off."""
+    pool = DraftAcceptance.from_prior([0.5], strength=2.0)
+    pool.fresh.attempted, pool.fresh.accepted = [10, 6, 2], [8, 4, 1]
+    pool.stale.attempted, pool.stale.accepted = [3, 1], [2, 1]
+    pool.halve_above(8)
+    assert (pool.fresh.attempted, pool.fresh.accepted) == ([5, 3, 1], [4, 2, 0])
+    assert (pool.stale.attempted, pool.stale.accepted) == ([3, 1], [2, 1])  # 3 <= 8: kept whole
+
+
+def test_stale_drafts_follow_their_own_prior_where_they_have_one():
+    """A request starts from the pool's stale rates as the prior of its stale drafts (poorer than its fresh
+    ones on a real checkpoint); the fresh rates stand in only where no stale prior exists."""
+    request = DraftAcceptance(AcceptanceEstimate([0.9, 0.8], 2.0), AcceptanceEstimate([0.3, 0.2], 2.0))
+    assert request.rates(2) == DraftRates([0.9, 0.8], [0.3, 0.2])
+    request.observe(2, 1, stale=True)  # stale draft 1 accepted, draft 2 rejected
+    assert request.rates(2).stale == pytest.approx([(1 + 2 * 0.3) / 3, (0 + 2 * 0.2) / 3])
+    pooled = DraftAcceptance.from_prior([0.8], strength=2.0)
+    for _ in range(2):
+        pooled.observe(2, 0, stale=True)
+    fresh_start = DraftAcceptance.starting_from(pooled, 2, strength=4.0)
+    assert fresh_start.rates(2) == pooled.rates(2) == DraftRates([0.8, 0.8], [1.6 / 4, 0.8])
+
+
 def test_prior_from_quality_recovers_a_geometric_chain():
     a1, a, n = 0.6, 0.7, 7
     mean = a1 * sum(a**i for i in range(n))
@@ -435,6 +461,52 @@ def test_calibration_times_rounds_until_enough_time_is_measured():
     calls.clear()
     calibrate(runner, sizes=(1, 4), context=8, repeats=2, min_seconds=60.0, max_rounds=5)
     assert calls == [8] + [1, 4] * 6  # instant forwards never add up to a minute: max_rounds timed rounds
+
+
+def test_calibration_keeps_each_size_s_median_timing(monkeypatch):
+    """A size's cost is the median of its timed rounds (robust to one round hit by a burst of load), not
+    the middle timing in the order taken. The clock is faked: each forward advances it by a set time."""
+    import types
+
+    clock = [0.0]
+    # the cache's prefill, the warm-up round (sizes 1 and 4), then three timed rounds of (size 1, size 4)
+    took = iter([0.0, 9.0, 9.0, 5.0, 8.0, 1.0, 2.0, 3.0, 9.0])
+    runner = types.SimpleNamespace(
+        model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=50)),
+        device=types.SimpleNamespace(type="cpu"),
+        forward=lambda batch: clock.__setitem__(0, clock[0] + next(took)),
+    )
+    monkeypatch.setattr("bdcore.decode.cost.time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    cost = calibrate(runner, sizes=(1, 4), context=8, repeats=3, min_seconds=0.0)
+    assert cost.points == {1: 3.0, 4: 8.0}  # medians of [5, 1, 3] and [8, 2, 9]
+
+
+def test_a_cost_measured_at_other_threads_is_measured_again(monkeypatch, tmp_path):
+    """The cached curve is per intra-op thread count: a CPU forward at 1 thread costs about twice one at
+    2, so a curve from a 2-thread run read at 1 would misprice every layout."""
+    import types
+
+    import torch
+
+    monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path / "cache"))
+    measured = []
+
+    def fake_calibrate(runner):  # "measures" the thread count, so the curve read back names its run
+        measured.append(torch.get_num_threads())
+        return RowCost({1: float(measured[-1])})
+
+    monkeypatch.setattr("bdcore.decode.cost.calibrate", fake_calibrate)
+    runner = types.SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"))
+    (tmp_path / "ckpt").mkdir()
+    threads = torch.get_num_threads()
+    try:
+        got = []
+        for n in (2, 1, 2, 1):
+            torch.set_num_threads(n)
+            got.append(load_or_calibrate(runner, tmp_path / "ckpt").points)
+    finally:
+        torch.set_num_threads(threads)
+    assert measured == [2, 1] and got == [{1: 2.0}, {1: 1.0}, {1: 2.0}, {1: 1.0}]
 
 
 def test_calibration_times_forwards_by_rows(checkpoint):
