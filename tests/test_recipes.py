@@ -188,8 +188,7 @@ def test_a_checkpoint_from_before_recipe_is_read_by_its_switches(tmp_path):
 def test_a_state_that_records_no_flags_resumes_under_any_recipe(tmp_path):
     """A trainer state without `config` (nothing recorded to compare) is checked against nothing: it must
     not be read as a checkpoint of the default recipe and refuse --recipe rl."""
-    state = tmp_path / "run" / "step_2" / TRAIN_STATE
-    state.mkdir(parents=True)
-    (state / TRAINER_STATE).write_text(json.dumps({"step": 2, "data_position": 2}))
+    state = _checkpoint(tmp_path / "run", {}) / TRAIN_STATE
+    (state / TRAINER_STATE).write_text(json.dumps({"step": 2, "data_position": 2}))  # no `config` at all
     for recipe in ("rl", "opd", "sft"):
         assert check_resume(_config("--recipe", recipe, "--resume", str(state.parent))).step == 2
