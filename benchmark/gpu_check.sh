@@ -143,7 +143,7 @@ EOF
 if [ -n "$CKPT" ]; then
   if run_step serve_fp32 120 "$SERVE_LOG" $PY -m benchmark.serving.bench_decode "$CKPT" \
     --prompts "$WORK/kit/eval.jsonl" "${SERVE_ARGS[@]}" --json "$WORK/serving_fp32.json" \
-    --server-args "--backend native --device $DEV --dtype fp32"; then
+    --dtype fp32 --device "$DEV" --server-args "--backend native"; then
     if check_same "$WORK/serving_fp32.json" | tee -a "$SUMMARY"; then
       note "PASS    serve_fp32: greedy self-spec == causal on every prompt"
     else
@@ -153,7 +153,7 @@ if [ -n "$CKPT" ]; then
   if [ "$SMALL" = 0 ]; then
     run_step serve_bf16 90 "$SERVE_LOG" $PY -m benchmark.serving.bench_decode "$CKPT" \
       --prompts "$WORK/kit/eval.jsonl" --num 20 --concurrency 1 --max-tokens 64 --json "$WORK/serving_bf16.json" \
-      --server-args "--backend native --device $DEV --dtype bf16" &&
+      --dtype bf16 --device "$DEV" --server-args "--backend native" &&
       { check_same "$WORK/serving_bf16.json" | tee -a "$SUMMARY"; true; }
   fi
 else

@@ -96,12 +96,11 @@ if [ -n "$CKPT" ]; then
   run_step quality 90 "$LOG" $PY -m benchmark.draft_quality "$CKPT" --data "$EVAL_DATA" --limit $EVAL \
     --compare-served --json "$WORK/quality.json"
   run_step serve 150 "$LOG" $PY -m benchmark.serving.bench_decode "$CKPT" --prompts "$EVAL_DATA" --num $NUM \
-    --concurrency $CONC --max-tokens "$MAX_NEW" --json "$WORK/serving.json" --base-dtype fp32 --base-device "$DEV" \
-    --server-args "--backend native --device $DEV --dtype fp32"
+    --concurrency $CONC --max-tokens "$MAX_NEW" --json "$WORK/serving.json" --dtype fp32 --device "$DEV" \
+    --server-args "--backend native"
   run_step serve_all 90 "$LOG" $PY -m benchmark.serving.bench_decode "$CKPT" --prompts "$EVAL_DATA" --num $NUM \
-    --modes causal,self-spec --concurrency 1 --max-tokens "$MAX_NEW" --json "$WORK/serving_all.json" --base-dtype fp32 \
-    --base-device "$DEV" \
-    --server-args "--backend native --device $DEV --dtype fp32 --self-spec-canvases all"
+    --modes causal,self-spec --concurrency 1 --max-tokens "$MAX_NEW" --json "$WORK/serving_all.json" \
+    --dtype fp32 --device "$DEV" --server-args "--backend native --self-spec-canvases all"
   for C in $LAYOUT_CONC; do
     run_step "layouts_c$C" 120 "$LOG" $PY -m benchmark.self_spec_canvases "$CKPT" --heldout "$EVAL_DATA" \
       --limit $((LAYOUT_NUM > C ? LAYOUT_NUM : C)) --max-tokens "$MAX_NEW" --concurrency "$C" --draft-lens 4 \

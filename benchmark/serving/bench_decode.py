@@ -121,8 +121,8 @@ def _baseline(args, prompts):
 
     tok = AutoTokenizer.from_pretrained(args.checkpoint or directory)
     ids = [chat_ids(tok, msgs) for msgs, _ in prompts]
-    device = torch.device(args.base_device)
-    dtype = resolve_dtype(serving_dtype(args.base_dtype, device), device)
+    device = torch.device(args.device)
+    dtype = resolve_dtype(serving_dtype(args.dtype, device), device)
     params = SamplingParams(max_tokens=args.max_tokens)
 
     def measure(concurrency: int) -> dict:
@@ -149,6 +149,35 @@ def _baseline(args, prompts):
     return measure
 
 
+def _in_process(args, prompts):
+    """A function of (mode, concurrency) timing the same requests on the native engine in this process: one
+    at a time with `Engine.generate`, or `concurrency` in flight on its batched scheduler, as the server
+    runs them. Returns tok/s."""
+    from transformers import AutoTokenizer
+
+    from bdcore.chat import chat_ids
+    from bdcore.decode.config import DecodeConfig
+    from bdcore.decode.sampling import SamplingParams
+    from bdcore.loading import load_checkpoint, serving_dtype
+    from benchmark.self_spec_canvases import _generator
+    from inference.native.engine import Engine
+
+    loaded = load_checkpoint(args.checkpoint, device=args.device, dtype=serving_dtype(args.dtype, args.device))
+    tok = AutoTokenizer.from_pretrained(args.checkpoint)
+    ids = [chat_ids(tok, msgs) for msgs, _ in prompts]
+    params = SamplingParams(max_tokens=args.max_tokens)
+    engines: dict[str, Engine] = {}
+
+    def measure(mode: str, concurrency: int) -> float:
+        engine = engines.setdefault(mode, Engine(loaded, DecodeConfig(mode=mode)))
+        run = _generator(engine, concurrency)
+        run(ids[:concurrency], params)  # warm-up, not timed
+        gens, wall = run(ids, params)
+        return sum(g.stats.generated for g in gens) / wall
+
+    return measure
+
+
 def main(argv=None) -> int:
     from openai import OpenAI
 
@@ -170,15 +199,24 @@ def main(argv=None) -> int:
         "(default: the checkpoint itself when it is a draft adapter)",
     )
     p.add_argument(
-        "--base-dtype",
+        "--dtype",
         choices=["auto", "fp32", "bf16"],
         default="auto",
-        help="the baseline's dtype (default auto: what serve.py loads; match --server-args' --dtype)",
+        help="the server's, the baseline's and the in-process engine's dtype (default auto: bf16 on a GPU and on a "
+        "CPU with native bf16)",
     )
-    p.add_argument("--base-device", default="cpu", help="the baseline's device (match --server-args' --device)")
+    p.add_argument("--device", default="cpu", help="the server's, the baseline's and the in-process engine's device")
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="also run every mode on the native engine in this process (the engine's default settings for the "
+        "mode) and print the server's tok/s over it, for the same requests",
+    )
     args = p.parse_args(argv)
     if not args.base_url and not args.checkpoint:
         raise SystemExit("give a checkpoint to serve or --base-url of a running server")
+    if args.in_process and not args.checkpoint:
+        raise SystemExit("--in-process loads the checkpoint here: give it (with --base-url too)")
 
     proc = None
     base_url = args.base_url
@@ -186,13 +224,15 @@ def main(argv=None) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        proc = start_server(args.checkpoint, port, args.server_args.split())
+        extra = ["--dtype", args.dtype, "--device", args.device, *args.server_args.split()]
+        proc = start_server(args.checkpoint, port, extra)
         base_url = f"http://127.0.0.1:{port}/v1"
     try:
         client = OpenAI(base_url=base_url, api_key=args.api_key, max_retries=0, timeout=600)
         model = client.models.list().data[0].id
         prompts = load_prompts(args.prompts, args.num)
         baseline = _baseline(args, prompts)
+        in_process = _in_process(args, prompts) if args.in_process else None
         rows = []
         for conc in map(int, args.concurrency.split(",")):
             causal, base = None, baseline(conc) if baseline else None
@@ -201,6 +241,8 @@ def main(argv=None) -> int:
             for mode in args.modes.split(","):
                 r = run_mode(client, model, prompts, mode, conc, args.max_tokens)
                 causal = r if mode == "causal" else causal
+                if in_process is not None:  # right after the server, on the same requests
+                    r["in_process_tok_s"] = in_process(mode, conc)
                 rows.append(r)
             for r in rows[-len(args.modes.split(",")) - bool(base) :]:
                 r["same_as_causal"] = (
@@ -226,6 +268,15 @@ def main(argv=None) -> int:
             f"{r['tokens_per_forward']:.2f} | {r['tok_s']:.1f} | {r['vs_base']:.2f}x | {r['speedup']:.2f}x | "
             f"{r['tok_s_per_request']:.1f} | {r['p50']:.3f} | {r['p90']:.3f} |"
         )
+    if in_process is not None:
+        print("\n| mode | conc | server tok/s | in-process tok/s | server / in-process |\n|---|---|---|---|---|")
+        for r in rows:
+            if "in_process_tok_s" in r:
+                ratio = r["tok_s"] / r["in_process_tok_s"]
+                print(
+                    f"| {r['mode']} | {r['concurrency']} | {r['tok_s']:.1f} | {r['in_process_tok_s']:.1f} "
+                    f"| {ratio:.2f}x |"
+                )
     if args.json:
         Path(args.json).write_text(json.dumps([{k: v for k, v in r.items() if k != "texts"} for r in rows], indent=2))
     return 0

@@ -1,0 +1,31 @@
+"""benchmark/serving/bench_decode.py against a real server on a tiny draft-adapter checkpoint: the base
+model's `generate` is each concurrency's first row and every tok/s is given against it, and `--in-process`
+times the same requests on the engine here, the server's tok/s over it printed per mode."""
+
+import json
+
+import pytest
+
+from benchmark.serving import bench_decode
+from tests.test_draft_adapter import draft_checkpoint
+
+pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
+
+
+def test_the_baseline_and_the_in_process_engine_beside_the_server(demo_kit, tmp_path, capsys):
+    ckpt = draft_checkpoint(tmp_path / "draft", "qwen3")
+    out = tmp_path / "r.json"
+    argv = [str(ckpt), "--prompts", str(demo_kit / "eval.jsonl"), "--num", "3", "--max-tokens", "8"]
+    argv += ["--modes", "causal,self-spec", "--concurrency", "1,2", "--dtype", "fp32", "--in-process"]
+    assert bench_decode.main([*argv, "--json", str(out)]) == 0
+    rows = {(r["mode"], r["concurrency"]): r for r in json.loads(out.read_text())}
+    assert set(rows) == {(m, c) for m in ("base generate", "causal", "self-spec") for c in (1, 2)}
+    for (mode, conc), r in rows.items():
+        # the draft adapter's weights are the base's: causal and self-spec decode the baseline's tokens
+        assert r["same_as_causal"] == 1.0, (mode, conc)
+        assert r["vs_base"] == pytest.approx(r["tok_s"] / rows[("base generate", conc)]["tok_s"])
+        assert ("in_process_tok_s" in r) == (mode != "base generate") and r.get("in_process_tok_s", 1) > 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if x.startswith("| self-spec | 2 |") and x.count("|") == 6)
+    r = rows[("self-spec", 2)]
+    assert line.endswith(f"| {r['tok_s'] / r['in_process_tok_s']:.2f}x |")
