@@ -124,6 +124,31 @@ def test_bad_input_is_400_in_openai_shape(server, path, data, param):
 
 
 @pytest.mark.parametrize(
+    "path,data,where,param",
+    [
+        (COMPLETION, r'{"prompt": "\ud800", "max_tokens": 4}', "prompt", "prompt"),
+        (COMPLETION, r'{"prompt": ["ok", "a\udfffb"], "max_tokens": 4}', "prompt[1]", "prompt"),
+        (CHAT, r'{"messages": [{"role": "user", "content": "x\ud83d"}]}', "messages[0].content", "messages"),
+        (
+            CHAT,
+            r'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]}',
+            "messages[0].content[0].text",
+            "messages",
+        ),
+    ],
+)
+def test_a_lone_surrogate_is_400_naming_the_field(server, path, data, where, param):
+    """JSON may spell a UTF-16 half (\\ud800) that no UTF-8 text holds; tokenizers raise on it."""
+    status, text = call(server[0], path, data=data.encode())
+    assert status == 400, text
+    err = error_of(text)
+    assert err["param"] == param and where in err["message"] and "surrogate" in err["message"], err
+    ok = r'{"prompt": "\ud83d\ude00", "max_tokens": 2}'  # a pair is one character: served
+    assert call(server[0], COMPLETION, data=ok.encode())[0] == 200
+    assert_serving(server[0])
+
+
+@pytest.mark.parametrize(
     "path,extra",
     [
         (CHAT, {"seed": 2**64 - 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}}),
