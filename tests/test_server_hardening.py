@@ -281,6 +281,27 @@ def test_abandoned_non_streaming_request_is_cancelled(server):
     assert_serving(url)
 
 
+def test_a_client_gone_mid_body_is_a_disconnect_not_an_error(server, caplog):
+    """Counted as a client that went away (499), logged in one line, with no 500 and no traceback."""
+    url = server[0]
+    u = urlsplit(url)
+    before = {status: metric(url, "chat", status) for status in (499, 500)}
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: {u.hostname}\r\nAuthorization: Bearer {KEY}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    )
+    with caplog.at_level("INFO", logger="bdstack.server"):
+        with socket.create_connection((u.hostname, u.port)) as sock:
+            sock.sendall(head.encode() + b'{"messages": [')  # then gone, 986 bytes short
+        deadline = time.monotonic() + 10
+        while metric(url, "chat", 499) == before[499] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert metric(url, "chat", 499) == before[499] + 1 and metric(url, "chat", 500) == before[500]
+    mine = [r for r in caplog.records if r.name == "bdstack.server"]
+    assert mine and all(r.levelname == "INFO" and not r.exc_info for r in mine), [r.getMessage() for r in mine]
+    assert_serving(url)
+
+
 def test_unknown_paths_and_methods_answer_in_openai_shape(server):
     status, text = call(server[0], "/v1/nope")
     assert status == 404 and "/v1/nope" in error_of(text)["message"]
