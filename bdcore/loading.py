@@ -3,6 +3,7 @@ self-distillation all load through here, which validates the sidecar against the
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,18 @@ def serving_dtype(name: str, device: str | torch.device) -> str:
         return name
     device = torch.device(device)
     return "bf16" if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else "fp32"
+
+
+def read_capabilities(path: str | os.PathLike) -> Capabilities | None:
+    """What the checkpoint at `path` can decode, read off its sidecar and config.json alone (no weights, no
+    tokenizer: stop ids and mask id are not filled in), so settings are checked before a long load; None:
+    not a model directory (`load_checkpoint` says why)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        return None
+    if not (path / SIDECAR_NAME).is_file():
+        return Capabilities.plain_ar()
+    return read_sidecar(path).capabilities(model_config=json.loads((path / "config.json").read_text()))
 
 
 def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto") -> LoadedModel:

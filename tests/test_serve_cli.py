@@ -157,3 +157,51 @@ def test_serving_dtype_auto_is_bf16_where_the_cpu_has_native_bf16(monkeypatch):
     assert loading.serving_dtype("auto", "cuda") == "bf16"
     monkeypatch.setattr(loading, "cpu_has_bf16", lambda: False)
     assert loading.serving_dtype("auto", "cpu") == "fp32" and loading.serving_dtype("bf16", "cpu") == "bf16"
+
+
+@pytest.fixture(scope="module")
+def block4(tmp_path_factory):
+    from tests.tiny import tiny_checkpoint
+
+    return str(tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), bd_size=4))
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--mode", "diffusion", "--steps", "0"], "--steps must be >= 1, got 0; give a positive count"),
+        (["--mode", "diffusion", "--threshold", "nan"], "--threshold must be a number >= 0, got nan; give one in"),
+        (["--mode", "diffusion", "--draft-len", "100"], "--draft-len 100 exceeds the trained block size 4; give at"),
+        (["--mode", "self-spec", "--draft-len", "100"], "--draft-len 100 exceeds the trained block size 4; give at"),
+        (["--mode", "causal", "--draft-len", "5"], "block size 4; give at most 4 (the default) (for diffusion mode"),
+        (["--mode", "causal", "--max-tokens", "-1"], "--max-tokens must be >= 1, got -1; give a positive count"),
+        (["--mode", "causal", "--max-batch", "0"], "--max-batch must be >= 1, got 0; give a positive count"),
+        (["--mode", "causal", "--port", "99999"], "--port 99999 is not a TCP port; give one in 1-65535"),
+    ],
+)
+def test_settings_are_checked_at_start_before_the_model_loads(block4, argv, says, monkeypatch, capsys):
+    """A setting every request would fail on (a 500 each) stops serve.py at once: one line, exit status 2."""
+    from bdcore import loading
+
+    def load(*_a, **_k):
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(loading, "load_checkpoint", load)
+    with pytest.raises(SystemExit) as stopped:
+        serve.main([block4, "--backend", "native", *argv])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1 and err.startswith("serve.py: error: "), err
+    assert says in err, err
+
+
+def test_a_bad_setting_is_one_line_and_status_2_from_the_shell(block4):
+    proc = subprocess.run(
+        [sys.executable, "inference/serve.py", block4, "--mode", "self-spec", "--steps", "0", "--port", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "serve.py: error: --steps must be >= 1, got 0; give a positive count, or none for --block-size - 1"
+    ], proc.stderr
