@@ -283,10 +283,14 @@ def server_settings_refusal(args) -> str | None:
             return f"{flag} must be >= 1, got {value}; give a positive count"
     if args.max_request_bytes < 1:
         return f"--max-request-bytes must be >= 1, got {args.max_request_bytes}; give a size in bytes"
+    for flag, value in (("--block-size", args.block_size), ("--draft-len", args.draft_len)):
+        if isinstance(value, int) and value < 2:  # checked here: the decode settings read 0 as "the default"
+            return f"{flag} must be >= 2, got {value}; give at least 2, or leave it out for the default"
     return None
 
 
 def native_decode(args):
+    """The native engine's decode settings from the flags (self-spec's layout chosen each step by default)."""
     from bdcore.decode.config import AUTO
     from inference.native.engine import DecodeConfig
 

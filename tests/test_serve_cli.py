@@ -174,6 +174,8 @@ def block4(tmp_path_factory):
         (["--mode", "diffusion", "--draft-len", "100"], "--draft-len 100 exceeds the trained block size 4; give at"),
         (["--mode", "self-spec", "--draft-len", "100"], "--draft-len 100 exceeds the trained block size 4; give at"),
         (["--mode", "causal", "--draft-len", "5"], "block size 4; give at most 4 (the default) (for diffusion mode"),
+        (["--mode", "self-spec", "--draft-len", "0"], "--draft-len must be >= 2, got 0; give at least 2"),
+        (["--mode", "diffusion", "--block-size", "0"], "--block-size must be >= 2, got 0; give at least 2"),
         (["--mode", "causal", "--max-tokens", "-1"], "--max-tokens must be >= 1, got -1; give a positive count"),
         (["--mode", "causal", "--max-batch", "0"], "--max-batch must be >= 1, got 0; give a positive count"),
         (["--mode", "causal", "--port", "99999"], "--port 99999 is not a TCP port; give one in 1-65535"),
