@@ -143,6 +143,9 @@ def test_a_lone_surrogate_is_400_naming_the_field(server, path, data, where, par
     assert status == 400, text
     err = error_of(text)
     assert err["param"] == param and where in err["message"] and "surrogate" in err["message"], err
+    for raw in (b'{"prompt": "\xed\xa0\x80"}', '{"prompt": "\udc80"}'.encode("utf-16-be", "surrogatepass")):
+        status, text = call(server[0], COMPLETION, data=raw)  # a surrogate encoded, as UTF-8 or UTF-16 bytes
+        assert status == 400 and "not valid JSON" in error_of(text)["message"], text  # JSON is UTF-8
     ok = r'{"prompt": "\ud83d\ude00", "max_tokens": 2}'  # a pair is one character: served
     assert call(server[0], COMPLETION, data=ok.encode())[0] == 200
     assert_serving(server[0])
