@@ -139,7 +139,10 @@ class Capabilities:
     def draft_len_refusal(self, draft_len: int) -> str | None:
         """A canvas longer than a trained block is a block the model never saw in training."""
         if draft_len > self.max_draft_len:
-            return f"draft_len {draft_len} exceeds the trained block size {self.max_draft_len}"
+            return (
+                f"draft_len {draft_len} exceeds the trained block size {self.max_draft_len}; give at most "
+                f"{self.max_draft_len} (the default)"
+            )
         return None
 
     # -- backends ------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from bdcore.checkpoint_files import (
     check_model_dir,
     first_line,
     missing_tokenizer,
+    read_config,
     safetensors_header,
     weight_files,
 )
@@ -86,6 +87,20 @@ def serving_dtype(name: str, device: str | torch.device) -> str:
         return name
     device = torch.device(device)
     return "bf16" if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else "fp32"
+
+
+def read_capabilities(path: str | os.PathLike) -> Capabilities | None:
+    """What the checkpoint at `path` can decode, read off its sidecar and config.json alone (no weights, no
+    tokenizer: stop ids and mask id are not filled in), so settings are checked before a long load; None:
+    not a model directory (`load_checkpoint` says why)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        return None
+    if not (path / SIDECAR_NAME).is_file():
+        return Capabilities.plain_ar()
+    config, sidecar = read_config(path), read_sidecar(path)  # a malformed file: one line naming it
+    sidecar.check_model(config)  # a size the model cannot hold is the sidecar's fault, not a flag's
+    return sidecar.capabilities(model_config=config)
 
 
 def load_tokenizer(path: Path, **kwargs) -> PreTrainedTokenizerBase:

@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # `python inference/X.py` from a checkout: the packages live in its root
@@ -28,6 +30,18 @@ if __package__ in (None, ""):  # `python inference/X.py` from a checkout: the pa
 
 from bdcore.decode.config import MODES as NATIVE_MODES  # noqa: E402
 from inference.sglang_backend.command import FAMILIES as SGLANG_FAMILIES  # noqa: E402
+
+
+class ServeError(SystemExit):
+    """A setting serve.py cannot start with. `main` prints it as one line, `serve.py: error: <problem>;
+    <fix>`, and the process exits 2, argparse's status for bad arguments (its str() is that line)."""
+
+    def __init__(self, problem: str):
+        super().__init__(2)
+        self.line = f"serve.py: error: {problem}"
+
+    def __str__(self) -> str:
+        return self.line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,7 +152,7 @@ def pick_backend(
     vLLM one (--vllm-python / $BDSTACK_VLLM_PYTHON, or vllm importable here) that can serve `model` in `mode`."""
     if mode in SGLANG_FAMILIES:
         if backend not in ("auto", "sglang"):
-            raise SystemExit(f"serve.py: error: --mode {mode} is served by upstream SGLang; use --backend sglang")
+            raise ServeError(f"--mode {mode} is served by upstream SGLang; use --backend sglang")
         return "sglang"
     if backend != "auto":
         return backend
@@ -213,7 +227,7 @@ def sglang_command(args, extra: list[str]) -> list[str]:
         cmd += ["--served-model-name", args.served_model_name] if args.served_model_name else []
         return cmd + extra
     if (why := fixed_settings_refusal(args, "SGLang")) is not None:
-        raise SystemExit(f"serve.py: error: {why}")
+        raise ServeError(why)
     settings = sl.bdstack_settings(
         args.model,
         args.mode,
@@ -239,7 +253,7 @@ def run_child(args, extra: list[str], backend: str) -> int:
     try:
         cmd = build(args, extra)
     except ValueError as e:
-        raise SystemExit(f"serve.py: error: {e}") from e
+        raise ServeError(str(e)) from e
     if args.dry_run:
         print(shlex.join(cmd))  # copy-pasteable: the vLLM flags carry JSON
         return 0
@@ -260,38 +274,79 @@ def run_child(args, extra: list[str], backend: str) -> int:
             signal.signal(sig, handler)
 
 
+def server_settings_refusal(args) -> str | None:
+    """What is wrong with a setting of the server itself (every backend's port; the native server's limits)."""
+    if not 1 <= args.port <= 65535:
+        return f"--port {args.port} is not a TCP port; give one in 1-65535"
+    for flag, value in (("--max-tokens", args.max_tokens), ("--max-batch", args.max_batch)):
+        if value < 1:
+            return f"{flag} must be >= 1, got {value}; give a positive count"
+    if args.max_request_bytes < 1:
+        return f"--max-request-bytes must be >= 1, got {args.max_request_bytes}; give a size in bytes"
+    for flag, value in (("--block-size", args.block_size), ("--draft-len", args.draft_len)):
+        if isinstance(value, int) and value < 2:  # checked here: the decode settings read 0 as "the default"
+            return f"{flag} must be >= 2, got {value}; give at least 2, or leave it out for the default"
+    return None
+
+
+def native_decode(args):
+    """The native engine's decode settings from the flags (self-spec's layout chosen each step by default)."""
+    from bdcore.decode.config import AUTO
+    from inference.native.engine import DecodeConfig
+
+    return DecodeConfig(
+        mode=args.mode,
+        block_size=args.block_size,
+        threshold=args.threshold,
+        steps=args.steps,
+        # The native engine's self-spec defaults to choosing its layout each step (docs/results.md: auto
+        # never lost to causal or by more than 5% to the best fixed setting where it was measured).
+        draft_len=args.draft_len or AUTO,
+        fuse_commit=not args.no_fuse_commit,
+        self_spec_canvases=args.self_spec_canvases or AUTO,
+    )
+
+
+_SETTING = re.compile(r"\b(block_size|draft_len|steps|threshold|self_spec_canvases)\b")
+
+
+def decode_refusal(model: str, decode) -> str | None:
+    """What is wrong with the decode settings, read off the checkpoint's sidecar before its weights load.
+    Every mode a request may pick is checked, not only --mode: each request resolves the settings anew,
+    and a setting found bad there would be a 500 for every request."""
+    from bdcore.loading import read_capabilities
+
+    caps = read_capabilities(model)
+    if caps is None:
+        return None  # not a model directory: load_checkpoint says so
+    for mode in dict.fromkeys((decode.mode, *caps.modes)):
+        try:
+            replace(decode, mode=mode).resolve(caps)
+        except ValueError as e:
+            why = _SETTING.sub(lambda m: "--" + m[1].replace("_", "-"), str(e))  # the library's names as flags
+            return why if mode == decode.mode else f"{why} (for {mode} mode, which a request may pick)"
+    return None
+
+
 def run_native(args, extra: list[str]) -> int:
     if extra:
-        raise SystemExit(f"serve.py: error: unrecognized arguments for the native engine: {' '.join(extra)}")
+        raise ServeError(f"unrecognized arguments for the native engine: {' '.join(extra)}")
+    decode = native_decode(args)
+    try:
+        why = decode_refusal(args.model, decode)
+    except ValueError as e:  # a malformed sidecar or config.json
+        why = str(e)
+    if why is not None:
+        raise ServeError(why)
     import torch
     import uvicorn
 
-    from bdcore.decode.config import AUTO
     from bdcore.loading import CheckpointError, load_checkpoint, serving_dtype
-    from inference.native.engine import DecodeConfig
     from inference.server import create_app
 
-    if args.max_request_bytes < 1:
-        raise SystemExit("serve.py: error: --max-request-bytes must be >= 1")
-    if args.max_tokens < 1:  # else every request that gives no max_tokens would fail, as a 500
-        raise SystemExit(
-            f"serve.py: error: --max-tokens must be >= 1, got {args.max_tokens}; it is the reply length "
-            "of a request that gives no max_tokens"
-        )
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         loaded = load_checkpoint(args.model, device=device, dtype=serving_dtype(args.dtype, device))
-        decode = DecodeConfig(
-            mode=args.mode,
-            block_size=args.block_size,
-            threshold=args.threshold,
-            steps=args.steps,
-            # The native engine's self-spec defaults to choosing its layout each step (docs/results.md: auto
-            # never lost to causal or by more than 5% to the best fixed setting where it was measured).
-            draft_len=args.draft_len or AUTO,
-            fuse_commit=not args.no_fuse_commit,
-            self_spec_canvases=args.self_spec_canvases or AUTO,
-        )
         app = create_app(
             loaded,
             decode,
@@ -303,7 +358,7 @@ def run_native(args, extra: list[str]) -> int:
             allow_client_chat_template=args.allow_client_chat_template,
         )
     except (CheckpointError, ValueError, NotImplementedError) as e:
-        raise SystemExit(f"serve.py: error: {e}") from e
+        raise ServeError(str(e)) from e
     print(
         f"serving {args.model} ({args.mode}, native engine on {device}) at http://{args.host}:{args.port}/v1",
         flush=True,
@@ -313,11 +368,21 @@ def run_native(args, extra: list[str]) -> int:
 
 
 def main(argv=None) -> int:
+    try:
+        return _serve(argv)
+    except ServeError as e:
+        print(e, file=sys.stderr)
+        raise
+
+
+def _serve(argv) -> int:
     args, extra = build_parser().parse_known_args(argv)
     if extra[:1] == ["--"]:  # `serve.py MODEL -- --tp 2`: everything after -- is for SGLang / vLLM
         extra = extra[1:]
     if not args.model:
-        raise SystemExit("serve.py: error: give a checkpoint directory (or set BDSTACK_MODEL)")
+        raise ServeError("give a checkpoint directory (or set BDSTACK_MODEL)")
+    if (why := server_settings_refusal(args)) is not None:
+        raise ServeError(why)
     backend = pick_backend(args.backend, args.mode, args.sglang_python, args.vllm_python, args.model)
     return run_native(args, extra) if backend == "native" else run_child(args, extra, backend)
 

@@ -66,7 +66,7 @@ def test_attention_per_forward():
 def test_draft_length_limit_is_the_trained_block():
     caps = DENSE.capabilities()
     assert caps.draft_len_refusal(4) is None
-    assert caps.draft_len_refusal(5) == "draft_len 5 exceeds the trained block size 4"
+    assert caps.draft_len_refusal(5) == "draft_len 5 exceeds the trained block size 4; give at most 4 (the default)"
     with pytest.raises(DecodeSettingsError, match="draft_len 5 exceeds the trained block size 4"):
         DecodeConfig(mode="self-spec", draft_len=5).resolve(caps)
     assert DecodeConfig(mode="self-spec").resolve(caps).draft_len == 4

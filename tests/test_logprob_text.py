@@ -63,6 +63,24 @@ def test_streamed_pieces_equal_the_whole_ones(tok):
         assert got == want, step
 
 
+def test_completion_top_logprobs_keep_alternatives_whose_strings_collide(tok):
+    """Byte tokens that are no character alone all read U+FFFD: completions' `top_logprobs` (a dict by
+    token string) keeps each as its own entry, as chat's list does (137 of 166 positions had fewer)."""
+    from inference.server.responses import answer_logprobs
+
+    ids = tok("Hi there", add_special_tokens=False)["input_ids"]
+    halves = [i for i in range(len(tok)) if tok.decode([i]) == "\ufffd"][:4]
+    assert len(halves) == 4
+    top = tuple((t, -1.0 - k) for k, t in enumerate([ids[1], *halves]))
+    answer = [*entries(ids[:1]), TokenLogprob(ids[1], -1.0, top), *entries(ids[2:])]
+    chat = answer_logprobs("chat", answer, tok)["content"][1]["top_logprobs"]
+    comp = answer_logprobs("completion", answer, tok)
+    got = comp["top_logprobs"][1]
+    assert len(got) == len(chat) == 5 and list(got.values()) == [e["logprob"] for e in chat]
+    assert comp["tokens"][1] in got and got[comp["tokens"][1]] == -1.0  # the chosen token keeps its string
+    assert sorted(k for k in got if k.startswith("token_id:")) == sorted(f"token_id:{t}" for t in halves[1:])
+
+
 @pytest.fixture(scope="module")
 def server(tok, tmp_path_factory):
     with native_server(tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), tokenizer=tok), mode="causal") as srv:

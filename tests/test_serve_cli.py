@@ -166,7 +166,8 @@ def _refused_at_start(monkeypatch, argv) -> str:
     monkeypatch.setattr(uvicorn, "run", lambda app, **k: pytest.fail("the server started"))
     with pytest.raises(SystemExit) as stopped:
         serve.main(argv)
-    line = str(stopped.value.code)
+    line = str(stopped.value)  # a ServeError: its one line (status 2)
+    assert stopped.value.code == 2, stopped.value.code
     assert line.startswith("serve.py: error: ") and "\n" not in line, line
     return line
 
@@ -181,7 +182,7 @@ def test_sizes_the_model_cannot_hold_are_refused_at_start(monkeypatch, tmp_path)
     ckpt = tiny_checkpoint(tmp_path / "ckpt")
     native = ["--backend", "native", "--device", "cpu"]
     line = _refused_at_start(monkeypatch, [str(ckpt), "--mode", "diffusion", "--block-size", "100000", *native])
-    assert "block_size 100000 exceeds the model's context length 1024" in line, line
+    assert "--block-size 100000 exceeds the model's context length 1024" in line, line
     sidecar = ckpt / "block_diffusion.json"
     sidecar.write_text(json.dumps({**json.loads(sidecar.read_text()), "bd_size": 10**9}))
     for mode in ("diffusion", "self-spec", "causal"):
@@ -235,3 +236,53 @@ def test_a_damaged_checkpoint_is_one_line_from_the_program(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("serve.py: error: "), proc.stderr[-3000:]
     assert phrase in errors[0] and "re-save or re-download the checkpoint" in errors[0], errors
+
+
+@pytest.fixture(scope="module")
+def block4(tmp_path_factory):
+    from tests.tiny import tiny_checkpoint
+
+    return str(tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), bd_size=4))
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--mode", "diffusion", "--steps", "0"], "--steps must be >= 1, got 0; give a positive count"),
+        (["--mode", "diffusion", "--threshold", "nan"], "--threshold must be a number >= 0, got nan; give one in"),
+        (["--mode", "diffusion", "--draft-len", "100"], "--draft-len 100 exceeds the trained block size 4; give at"),
+        (["--mode", "self-spec", "--draft-len", "100"], "--draft-len 100 exceeds the trained block size 4; give at"),
+        (["--mode", "causal", "--draft-len", "5"], "block size 4; give at most 4 (the default) (for diffusion mode"),
+        (["--mode", "self-spec", "--draft-len", "0"], "--draft-len must be >= 2, got 0; give at least 2"),
+        (["--mode", "diffusion", "--block-size", "0"], "--block-size must be >= 2, got 0; give at least 2"),
+        (["--mode", "causal", "--max-tokens", "-1"], "--max-tokens must be >= 1, got -1; give a positive count"),
+        (["--mode", "causal", "--max-batch", "0"], "--max-batch must be >= 1, got 0; give a positive count"),
+        (["--mode", "causal", "--port", "99999"], "--port 99999 is not a TCP port; give one in 1-65535"),
+    ],
+)
+def test_settings_are_checked_at_start_before_the_model_loads(block4, argv, says, monkeypatch, capsys):
+    """A setting every request would fail on (a 500 each) stops serve.py at once: one line, exit status 2."""
+    from bdcore import loading
+
+    def load(*_a, **_k):
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(loading, "load_checkpoint", load)
+    with pytest.raises(SystemExit) as stopped:
+        serve.main([block4, "--backend", "native", *argv])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1 and err.startswith("serve.py: error: "), err
+    assert says in err, err
+
+
+def test_a_bad_setting_is_one_line_and_status_2_from_the_shell(block4):
+    proc = subprocess.run(
+        [sys.executable, "inference/serve.py", block4, "--mode", "self-spec", "--steps", "0", "--port", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "serve.py: error: --steps must be >= 1, got 0; give a positive count, or none for --block-size - 1"
+    ], proc.stderr

@@ -124,6 +124,34 @@ def test_bad_input_is_400_in_openai_shape(server, path, data, param):
 
 
 @pytest.mark.parametrize(
+    "path,data,where,param",
+    [
+        (COMPLETION, r'{"prompt": "\ud800", "max_tokens": 4}', "prompt", "prompt"),
+        (COMPLETION, r'{"prompt": ["ok", "a\udfffb"], "max_tokens": 4}', "prompt[1]", "prompt"),
+        (CHAT, r'{"messages": [{"role": "user", "content": "x\ud83d"}]}', "messages[0].content", "messages"),
+        (
+            CHAT,
+            r'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]}',
+            "messages[0].content[0].text",
+            "messages",
+        ),
+    ],
+)
+def test_a_lone_surrogate_is_400_naming_the_field(server, path, data, where, param):
+    """JSON may spell a UTF-16 half (\\ud800) that no UTF-8 text holds; tokenizers raise on it."""
+    status, text = call(server[0], path, data=data.encode())
+    assert status == 400, text
+    err = error_of(text)
+    assert err["param"] == param and where in err["message"] and "surrogate" in err["message"], err
+    for raw in (b'{"prompt": "\xed\xa0\x80"}', '{"prompt": "\udc80"}'.encode("utf-16-be", "surrogatepass")):
+        status, text = call(server[0], COMPLETION, data=raw)  # a surrogate encoded, as UTF-8 or UTF-16 bytes
+        assert status == 400 and "not valid JSON" in error_of(text)["message"], text  # JSON is UTF-8
+    ok = r'{"prompt": "\ud83d\ude00", "max_tokens": 2}'  # a pair is one character: served
+    assert call(server[0], COMPLETION, data=ok.encode())[0] == 200
+    assert_serving(server[0])
+
+
+@pytest.mark.parametrize(
     "path,extra",
     [
         (CHAT, {"seed": 2**64 - 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}}),
@@ -253,6 +281,27 @@ def test_abandoned_non_streaming_request_is_cancelled(server):
         assert len(forwards) == stopped < 800
     finally:
         hook.remove()
+    assert_serving(url)
+
+
+def test_a_client_gone_mid_body_is_a_disconnect_not_an_error(server, caplog):
+    """Counted as a client that went away (499), logged in one line, with no 500 and no traceback."""
+    url = server[0]
+    u = urlsplit(url)
+    before = {status: metric(url, "chat", status) for status in (499, 500)}
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: {u.hostname}\r\nAuthorization: Bearer {KEY}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    )
+    with caplog.at_level("INFO", logger="bdstack.server"):
+        with socket.create_connection((u.hostname, u.port)) as sock:
+            sock.sendall(head.encode() + b'{"messages": [')  # then gone, 986 bytes short
+        deadline = time.monotonic() + 10
+        while metric(url, "chat", 499) == before[499] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert metric(url, "chat", 499) == before[499] + 1 and metric(url, "chat", 500) == before[500]
+    mine = [r for r in caplog.records if r.name == "bdstack.server"]
+    assert mine and all(r.levelname == "INFO" and not r.exc_info for r in mine), [r.getMessage() for r in mine]
     assert_serving(url)
 
 

@@ -97,6 +97,65 @@ def test_bad_prompts_are_refused_with_the_reason(server):
         assert says in err["message"], (prompt, err["message"])
     status, reply = post(url, {"prompt": [[1, 2], [3]], "stream": True})
     assert status == 400 and "stream" in reply["error"]["message"] and "one prompt" in reply["error"]["message"]
-    status, reply = post(url, {"prompt": [5] * 1024})
-    assert status == 400 and reply["error"]["code"] == "context_length_exceeded", reply
     assert post(url, {"prompt": [5] * 1000, "max_tokens": 2})[0] == 200
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"prompt": [5] * 1024}, {"prompt": "a" * 1030}, {"prompt": ["a", [5] * 1000], "max_tokens": 100}],
+    ids=["ids", "text", "with the reply"],
+)
+def test_a_prompt_too_long_for_the_context_is_named_prompt(server, body):
+    status, reply = post(server[0], body)
+    err = reply["error"]
+    assert status == 400 and err["code"] == "context_length_exceeded", reply
+    assert err["param"] == "prompt" and "prompt" in err["message"] and "messages" not in err["message"], err
+
+
+def test_prompts_are_bounded_before_any_is_tokenised(server, monkeypatch):
+    """A request of many long prompts costs no tokenising when one is too long by its length, and no more
+    than the first too long in tokens (128 prompts of 25.8k characters took 8.5 s to refuse)."""
+    url, state = server[0], server[1].state.server
+    tok_type, calls = type(state.loaded.tokenizer), []
+    real = tok_type.__call__
+    monkeypatch.setattr(
+        tok_type, "__call__", lambda self, text, *a, **k: calls.append(text) or real(self, text, *a, **k)
+    )
+    too_long = "a" * (state.max_context * state.chars_per_token)
+    status, reply = post(url, {"prompt": ["ab"] * 127 + [too_long]})
+    assert status == 400 and reply["error"]["code"] == "context_length_exceeded", reply
+    assert calls == []
+    monkeypatch.setattr(state, "chars_per_token", None)  # past the bound's reach: refused by the token count
+    status, reply = post(url, {"prompt": ["a" * (state.max_context + 10)] * 8})
+    assert status == 400 and reply["error"]["code"] == "context_length_exceeded", reply
+    assert len(calls) == 1
+
+
+def post_chat(url, content):
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        json.dumps({"messages": [{"role": "user", "content": content}]}).encode(),
+        {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_text_that_spells_the_mask_token_is_refused_like_its_id(server):
+    """One rule on every route (docs/design.md 8.20): no prompt holds <|mask|>, sent as an id or spelled."""
+    url, mask = server[0], server[1].state.engine.loaded.mask_id
+    cases = [
+        ({"prompt": "Copy: <|mask|>"}, "prompt", "prompt spells <|mask|>"),
+        ({"prompt": ["Hi", "a<|mask|>b"]}, "prompt", "prompt[1] spells <|mask|>"),
+        ({"prompt": [5, mask]}, "prompt", "prompt[1] is the <|mask|> token"),
+        ({"prompt": [[5], [6, 7, mask]]}, "prompt", "prompt[1][2] is the <|mask|> token"),
+    ]
+    for body, param, says in cases:
+        status, reply = post(url, body)
+        assert status == 400 and reply["error"]["param"] == param and says in reply["error"]["message"], reply
+    status, reply = post_chat(url, "Copy: <|mask|>")
+    assert status == 400 and reply["error"]["param"] == "messages" and "<|mask|>" in reply["error"]["message"]
+    assert post(url, {"prompt": "Copy: <|mask", "max_tokens": 2})[0] == 200  # not the token's spelling

@@ -66,18 +66,25 @@ class DecodeConfig:
             raise DecodeSettingsError(f"draft_len must be an integer >= 2 or {AUTO!r}, got {self.draft_len!r}")
         draft = bd if auto_len else self.draft_len or bd
         if self.steps is not None and self.steps < 1:
-            raise DecodeSettingsError(f"steps must be >= 1 (default: block_size - 1), got {self.steps}")
+            raise DecodeSettingsError(
+                f"steps must be >= 1, got {self.steps}; give a positive count, or none for block_size - 1"
+            )
         if self.self_spec_canvases not in SELF_SPEC_CANVASES:
             raise DecodeSettingsError(
                 f"self_spec_canvases must be one of {SELF_SPEC_CANVASES}, got {self.self_spec_canvases!r}"
             )
         if not self.threshold >= 0.0:  # above 1: one slot per step (nothing is ever that confident)
-            raise DecodeSettingsError(f"threshold must be >= 0, got {self.threshold}")
+            raise DecodeSettingsError(
+                f"threshold must be a number >= 0, got {self.threshold}; give one in [0, 1] (default 0.9)"
+            )
         if self.mode != "causal":
             if (too_long := caps.draft_len_refusal(draft) or caps.block_size_refusal(block)) is not None:
                 raise DecodeSettingsError(too_long)
             if block < 2 or draft < 2:
-                raise DecodeSettingsError("block_size and draft_len must be >= 2")
+                raise DecodeSettingsError(
+                    f"block_size and draft_len must be >= 2, got {block} and {draft}; give at least 2 "
+                    f"(default: the trained block size {bd})"
+                )
             if self.mode == "self-spec" and self.self_spec_canvases == "all":
                 if (too_many := caps.canvas_rows_refusal(draft * draft)) is not None:
                     raise DecodeSettingsError(f"self_spec_canvases all with draft_len {draft}: {too_many}")

@@ -1,7 +1,7 @@
 """The `prompt` of /v1/completions in every shape OpenAI and vLLM take: a string, a list of token ids, or a
 list of strings or of token-id lists (evaluation harnesses send ids, and several prompts at once). Each
-prompt is served as its own choice; ids must be in the vocabulary and never `<|mask|>` (the model was
-never shown one in a prompt, and the engine would read it as a slot to denoise)."""
+prompt is served as its own choice; ids must be in the vocabulary (`<|mask|>` is refused in prepare.py,
+for ids and text alike)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ def _is_id(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def completion_prompts(body: dict, vocab_size: int, mask_id: int | None) -> list[str | list[int]]:
-    """The request's prompts, each a string or a validated list of token ids."""
+def completion_prompts(body: dict, vocab_size: int) -> list[tuple[str, str | list[int]]]:
+    """The request's prompts, each a string or a validated list of token ids, with where it was sent
+    ("prompt", or "prompt[i]" in a list of prompts) for the errors that name it."""
     prompt = body.get("prompt")
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(map(_is_id, prompt))):
         prompts = [prompt]
@@ -28,16 +29,18 @@ def completion_prompts(body: dict, vocab_size: int, mask_id: int | None) -> list
         raise APIError(
             400, f"'prompt' holds {len(prompts)} prompts; send at most {MAX_PROMPTS} prompts a request", param="prompt"
         )
+    out = []
     for i, p in enumerate(prompts):
         where = f"prompt[{i}]" if prompts is prompt else "prompt"  # a list of prompts, or the one
         if not p:
             raise APIError(400, f"{where} is empty; each prompt needs at least one character or token", param="prompt")
         if isinstance(p, list):
-            _check_ids(p, where, vocab_size, mask_id)
-    return prompts
+            _check_ids(p, where, vocab_size)
+        out.append((where, p))
+    return out
 
 
-def _check_ids(ids: list, where: str, vocab_size: int, mask_id: int | None) -> None:
+def _check_ids(ids: list, where: str, vocab_size: int) -> None:
     for j, t in enumerate(ids):
         if not _is_id(t):
             raise APIError(400, f"{where}[{j}] is {t!r}: a prompt list must hold token ids (integers)", param="prompt")
@@ -46,8 +49,4 @@ def _check_ids(ids: list, where: str, vocab_size: int, mask_id: int | None) -> N
                 400,
                 f"{where}[{j}] is {t}, not a token id of this model's vocabulary (0 to {vocab_size - 1})",
                 param="prompt",
-            )
-        if t == mask_id:
-            raise APIError(
-                400, f"{where}[{j}] is the <|mask|> token ({t}), which a prompt may not hold", param="prompt"
             )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from bdcore.decode.sequence import DecodeStats
 from inference.native.engine import Cancelled
@@ -42,6 +43,10 @@ async def handle(state: ServerState, kind: str, request: Request) -> Response:
     except APIError as e:
         state.metrics.record(kind, "-", e.status)
         raise
+    except ClientDisconnect:  # gone before its body was whole: nothing failed here, and nobody reads a reply
+        log.info("%s request: the client disconnected before sending its whole body", kind)
+        state.metrics.record(kind, "-", CLIENT_CLOSED)
+        return Response(status_code=CLIENT_CLOSED)
     except Exception:
         log.exception("%s request failed", kind)
         state.metrics.record(kind, "-", 500)

@@ -63,59 +63,77 @@ async def prepare(state: ServerState, kind: str, request: Request) -> PreparedRe
             "(one choice each) or as one request each",
             param="stream",
         )
-    longest = max(map(len, prompts))
-    room = context_room(state.max_context, longest)
+    longest, param = max(map(len, prompts)), "messages" if kind == "chat" else "prompt"
+    room = context_room(state.max_context, longest, param)
     # without an explicit max_tokens the reply may use the rest of the context, up to the default
     params = sampling_params(body, default_max_tokens=min(state.default_max_tokens, room), kind=kind)
     decode = request_decode(state.loaded, state.decode, body)
-    check_reply_fits(state.max_context, longest, params.max_tokens)
+    check_reply_fits(state.max_context, longest, params.max_tokens, param)
     return PreparedRequest(kind, tuple(prompts), prefix, tools, params, decode, stream, include_usage(body))
 
 
 def prompt_ids(state: ServerState, kind: str, body: dict, tools: ToolRequest) -> tuple[list[list[int]], str]:
-    """The ids of each prompt and the forced reply prefix; a text too long for the context is refused by
-    its length before it is tokenised (a tokenizer costs a 4 MB prompt seconds and gigabytes)."""
+    """The ids of each prompt and the forced reply prefix. A text too long for the context is refused by
+    its length before any prompt is tokenised (a tokenizer costs a 4 MB prompt seconds and gigabytes), and
+    a prompt too long in tokens before the next one is tokenised."""
     tokenizer = state.loaded.tokenizer
+    param = "messages" if kind == "chat" else "prompt"
     if kind == "chat":
-        prompts = [chat_prompt_text(tokenizer, body, tools)]
+        prompts = [(param, chat_prompt_text(tokenizer, body, tools))]
     else:
-        prompts = completion_prompts(body, state.vocab_size, state.loaded.mask_id)
+        prompts = completion_prompts(body, state.vocab_size)
     # tool_choice "required" / a named function: the reply is made to open a call (see forced_prefix)
     prefix = forced_prefix(tools.choice, tools.name) if tools.parse else ""
-    prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
-    param = "messages" if kind == "chat" else "prompt"
-    out = []
-    for prompt in prompts:
+    for _, prompt in prompts:
         if isinstance(prompt, str):
             check_prompt_chars(len(prompt) + len(prefix), state.chars_per_token, state.max_context, param)
-            prompt = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        out.append(list(prompt) + prefix_ids)
+    prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+    out = []
+    for where, prompt in prompts:
+        ids = prompt if isinstance(prompt, list) else tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        check_no_mask(ids, where, state.loaded.mask_id, spelled=isinstance(prompt, str))
+        out.append(list(ids) + prefix_ids)
+        context_room(state.max_context, len(out[-1]), param)
     return out, prefix
 
 
-def context_room(max_context: int, n_prompt: int) -> int:
-    """Tokens left for the reply; none left is the client's fault."""
+def check_no_mask(ids: list[int], where: str, mask_id: int | None, *, spelled: bool) -> None:
+    """No prompt reaches the engine holding `<|mask|>`, by any route: the model never saw one in a prompt,
+    and the engine would read it as a slot to denoise. Text that spells it (the tokenizer reads the
+    spelling as the token) is refused like the id itself (docs/design.md 8.20)."""
+    if mask_id is None or mask_id not in ids:
+        return
+    if spelled:
+        problem = f"{where} spells <|mask|>, the mask token (id {mask_id}), which a prompt may not hold"
+    else:
+        problem = f"{where}[{ids.index(mask_id)}] is the <|mask|> token ({mask_id}), which a prompt may not hold"
+    param = where.split("[")[0]  # prompt[1] -> prompt
+    raise APIError(400, f"{problem}; remove it (the model fills <|mask|> slots, it never reads one)", param=param)
+
+
+def context_room(max_context: int, n_prompt: int, param: str) -> int:
+    """Tokens left for the reply; none left is the client's fault (`param`: "messages" or "prompt")."""
     room = max_context - n_prompt
     if room < 1:
         raise APIError(
             400,
-            f"This model's maximum context length is {max_context} tokens. However, your messages resulted "
-            f"in {n_prompt} tokens. Please reduce the length of the messages.",
-            param="messages",
+            f"This model's maximum context length is {max_context} tokens. However, your {param} resulted "
+            f"in {n_prompt} tokens. Please reduce the length of the {param}.",
+            param=param,
             code="context_length_exceeded",
         )
     return room
 
 
-def check_reply_fits(max_context: int, n_prompt: int, max_tokens: int) -> None:
+def check_reply_fits(max_context: int, n_prompt: int, max_tokens: int, param: str) -> None:
     if n_prompt + max_tokens > max_context:
         raise APIError(
             400,
             # OpenAI's wording: clients (LiteLLM, the openai SDK's users) recognise it as a context overflow
             f"This model's maximum context length is {max_context} tokens. However, you requested "
-            f"{n_prompt + max_tokens} tokens ({n_prompt} in the messages, "
-            f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
-            param="messages",
+            f"{n_prompt + max_tokens} tokens ({n_prompt} in the {param}, "
+            f"{max_tokens} in the completion). Please reduce the length of the {param} or completion.",
+            param=param,
             code="context_length_exceeded",
         )
 

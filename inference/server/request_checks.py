@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse
 from inference.server.protocol import APIError
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 half, paired or lone
 
 _COMMON = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed",
@@ -114,14 +116,52 @@ async def read_json(request: Request, limit: int) -> dict:
         if size > limit:
             raise _too_large(limit)
         chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        body = json.loads(b"".join(chunks))
-    # ValueError: also ints past Python's digit limit; RecursionError: deeply nested arrays
+        # strict UTF-8, as RFC 8259 asks of JSON between systems (a byte-order mark is skipped): json.loads
+        # would read UTF-16 and -32 too, and let encoded surrogates through
+        body = json.loads(raw.decode("utf-8-sig"))
+    # ValueError: also bytes that are no UTF-8, ints past Python's digit limit; RecursionError: deep nesting
     except (ValueError, RecursionError) as e:
         raise APIError(400, f"request body is not valid JSON: {str(e)[:200]}") from None
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw):  # only a \u escape can spell one in strict UTF-8
+        check_unicode(body)
     return body
+
+
+def check_unicode(body: dict) -> None:
+    """Refuse a string (or key) holding a lone UTF-16 surrogate: JSON may spell one ("\\ud800"), but it is
+    no Unicode text, and tokenizers raise on it (which would be a 500). A paired escape is one character."""
+    stack = [("", body, None)]
+    while stack:  # no recursion: the body may nest as deep as the parser allowed
+        where, value, field = stack.pop()
+        if isinstance(value, dict):  # its keys are checked before any path below it names them
+            texts = value.keys()
+            stack += [(f"{where}.{k}" if where else k, v, field or k) for k, v in value.items()]
+        elif isinstance(value, list):
+            texts = ()
+            stack += [(f"{where}[{i}]", v, field) for i, v in enumerate(value)]
+        else:
+            texts = (value,)
+        for text in texts:
+            if isinstance(text, str) and not _is_unicode(text):
+                raise APIError(
+                    400,
+                    f"{where or 'a field name'} holds a lone UTF-16 surrogate (a JSON \\ud800-\\udfff escape "
+                    "without its pair), which is not Unicode text; send the text as UTF-8, or escape both "
+                    "halves of the pair",
+                    param=field,
+                )
+
+
+def _is_unicode(s: str) -> bool:
+    try:
+        s.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class RequireKey:

@@ -70,9 +70,26 @@ def logprobs_field(kind: str, pieces: list[TokenPiece]) -> dict:
     return {
         "tokens": [p.text for p in pieces],
         "token_logprobs": [p.entry.logprob for p in pieces],
-        "top_logprobs": [dict(p.top) for p in pieces],
+        "top_logprobs": [_keyed_top(p) for p in pieces],
         "text_offset": [p.offset for p in pieces],
     }
+
+
+def _keyed_top(piece: TokenPiece) -> dict[str, float]:
+    """Completions' `top_logprobs` of one token, a dict by token string. Alternatives may share a string
+    (byte tokens that are no character alone all read U+FFFD): the chosen token keeps its string, and an
+    alternative whose string is taken is keyed `token_id:<id>` (vLLM's spelling of a token by id), so
+    every entry stays, as in chat's list."""
+    chosen = piece.entry.token
+    ids = [t for t, _ in piece.entry.top]  # the same alternatives, in the same order, as `piece.top`
+    taken = {s for t, (s, _) in zip(ids, piece.top) if t == chosen}
+    out = {}
+    for t, (s, lp) in zip(ids, piece.top):
+        if t != chosen and s in taken:
+            s = f"token_id:{t}"
+        taken.add(s)
+        out[s] = lp
+    return out
 
 
 def answer_logprobs(kind: str, entries, tokenizer) -> dict:
