@@ -58,7 +58,18 @@ def test_the_cached_clean_stream_gives_the_joint_forwards_loss_and_gradients(spa
         batch = build_batch(_rows(seed), cfg, SpecialIds(MASK_ID, FILLER_ID), noise_generator(seed, 0, 0))
         real = batch.meta.stream >= 0
         h_joint, h_cached, h_true = (lm.hidden_states(batch)[real] for lm in (joint, cached, truth))
-        assert_as_close_to_truth(h_cached, h_joint, h_true, f"hidden states, batch {seed}")
+        try:
+            assert_as_close_to_truth(h_cached, h_joint, h_true, f"hidden states, batch {seed}")
+        except AssertionError as e:  # issue 40 saw this on Intel AMX in one process of three: say more
+            again = [
+                (lm.hidden_states(batch)[real] - h).abs().max().item()
+                for lm, h in ((joint, h_joint), (cached, h_cached))
+            ]
+            raise AssertionError(
+                f"{e}; the same forwards again in this process moved by {again[0]:.3g} (joint) and {again[1]:.3g} "
+                f"(cached): nonzero means a kernel that is not deterministic; {torch.get_num_threads()} threads, "
+                f"{torch.backends.cpu.get_cpu_capability()}"
+            ) from None
         (l_joint, g_joint), (l_cached, g_cached), (l_true, g_true) = (
             _loss_and_grads(lm, batch) for lm in (joint, cached, truth)
         )
