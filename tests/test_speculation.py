@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from bdcore.capabilities import Capabilities
-from bdcore.decode.cost import RowCost, calibrate, load_or_calibrate
+from bdcore.decode.cost import RowCost
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.speculation import (
     AcceptanceEstimate,
@@ -138,29 +138,6 @@ def test_read_draft_prior(tmp_path):
         read_draft_prior(tmp_path)
 
 
-def test_row_cost_interpolates_and_follows_live_timings():
-    cost = RowCost({1: 1.0, 4: 2.5, 8: 3.0})
-    assert cost(1) == 1.0 and cost(2) == pytest.approx(1.5) and cost(6) == pytest.approx(2.75)
-    assert cost(16) == pytest.approx(4.0)  # beyond the last point: along the last segment
-    assert cost(0) == 1.0
-    cost.observe(4, 4.5)
-    assert cost(4) == pytest.approx(0.8 * 2.5 + 0.2 * 4.5)
-    cost.observe(12, 10.0)  # a new row count starts from the curve (3.1 there), not from one noisy timing
-    assert cost(12) == pytest.approx(0.8 * 3.1 + 0.2 * 10.0)
-    with pytest.raises(ValueError, match="positive"):
-        RowCost({1: 0.0})
-
-
-def test_row_cost_curve_never_falls_with_rows():
-    """Timing noise (32 rows timed faster than 16) is pooled away: the curve is the isotonic fit."""
-    cost = RowCost({1: 1.0, 16: 3.0, 32: 2.0, 64: 4.0})
-    assert cost(16) == cost(24) == cost(32) == pytest.approx(2.5) and cost(64) == 4.0 and cost(1) == 1.0
-    assert cost(8) == pytest.approx(1.0 + 1.5 * 7 / 15)
-    assert cost.points[16] == 3.0  # the measurements themselves are kept
-    cost.observe(32, 7.0)  # 0.8 * 2.0 + 0.2 * 7.0 = 3.0: no violation left
-    assert cost(16) == 3.0 and cost(32) == pytest.approx(3.0)
-
-
 def _simulated_speed(layout: Layout, rates, cost, steps=20000, seed=0, stale_rates=None) -> float:
     """Tokens per second of a layout used at every step, by simulation: drafts accepted one by one with
     probability rates[j] until a rejection, cold steps when no canvas followed the accepted prefix; drafts
@@ -279,7 +256,6 @@ def test_a_causal_request_in_the_batch_counts_its_rows():
     assert alone.rows > 8 and beside.rows <= 8
 
 
-
 def _batch_choice_by_brute_force(policy, rates, options, others=0, other_rows=1):
     """The batch rule read literally: for every candidate longest row count, each sequence takes its
     option of most tokens per forward within it (the first such in its list; none fits: the first of the
@@ -326,6 +302,7 @@ def test_batch_policy_equals_the_brute_force_rule():
         got = policy.choose(rates, options, others=others, other_rows=other_rows)
         want = _batch_choice_by_brute_force(policy, rates, options, others, other_rows)
         assert got == want, (trial, got, want)
+
 
 # ---- the engine under chosen layouts ----------------------------------------------------------------------
 
@@ -424,95 +401,6 @@ def test_auto_self_spec_is_lossless_alone_and_batched_and_learns_acceptance(chec
         got = list(pool.map(lambda ids: scheduler.generate(ids, params).tokens, prompts))
     assert got == want
     assert max(scheduler.batch_sizes) > 1
-
-
-def test_cost_measurement_is_cached_per_checkpoint(checkpoint, monkeypatch, tmp_path):
-    monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path))
-    loaded = load_checkpoint(checkpoint)
-    runner = Engine(loaded).runner
-    first = load_or_calibrate(runner, checkpoint)
-    assert sorted(first.points) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    assert all(first(a) <= first(b) for a, b in zip(sorted(first.points), sorted(first.points)[1:]))
-
-    def no_measuring(*a, **k):
-        raise AssertionError("measured again")
-
-    monkeypatch.setattr("bdcore.decode.cost.calibrate", no_measuring)
-    assert load_or_calibrate(runner, checkpoint).points == first.points
-    (path,) = tmp_path.glob("row_cost/*.json")
-    path.write_text("{not json")
-    monkeypatch.undo()
-    monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path))
-    assert sorted(load_or_calibrate(runner, checkpoint).points) == sorted(first.points)  # a damaged file: again
-
-
-def test_calibration_times_rounds_until_enough_time_is_measured():
-    """Fast forwards are timed in more rounds (up to max_rounds), every size in every round."""
-    import types
-
-    calls = []
-    runner = types.SimpleNamespace(
-        model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=50)),
-        device=types.SimpleNamespace(type="cpu"),
-        forward=lambda batch: calls.append(len(batch[0][1].rows.tokens)),
-    )
-    calibrate(runner, sizes=(1, 4), context=8, repeats=2, min_seconds=0.0)
-    assert calls == [8] + [1, 4] * 3  # the cache's prefill, a warm-up round, `repeats` timed rounds
-    calls.clear()
-    calibrate(runner, sizes=(1, 4), context=8, repeats=2, min_seconds=60.0, max_rounds=5)
-    assert calls == [8] + [1, 4] * 6  # instant forwards never add up to a minute: max_rounds timed rounds
-
-
-def test_calibration_keeps_each_size_s_median_timing(monkeypatch):
-    """A size's cost is the median of its timed rounds (robust to one round hit by a burst of load), not
-    the middle timing in the order taken. The clock is faked: each forward advances it by a set time."""
-    import types
-
-    clock = [0.0]
-    # the cache's prefill, the warm-up round (sizes 1 and 4), then three timed rounds of (size 1, size 4)
-    took = iter([0.0, 9.0, 9.0, 5.0, 8.0, 1.0, 2.0, 3.0, 9.0])
-    runner = types.SimpleNamespace(
-        model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=50)),
-        device=types.SimpleNamespace(type="cpu"),
-        forward=lambda batch: clock.__setitem__(0, clock[0] + next(took)),
-    )
-    monkeypatch.setattr("bdcore.decode.cost.time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    cost = calibrate(runner, sizes=(1, 4), context=8, repeats=3, min_seconds=0.0)
-    assert cost.points == {1: 3.0, 4: 8.0}  # medians of [5, 1, 3] and [8, 2, 9]
-
-
-def test_a_cost_measured_at_other_threads_is_measured_again(monkeypatch, tmp_path):
-    """The cached curve is per intra-op thread count: a CPU forward at 1 thread costs about twice one at
-    2, so a curve from a 2-thread run read at 1 would misprice every layout."""
-    import types
-
-    import torch
-
-    monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path / "cache"))
-    measured = []
-
-    def fake_calibrate(runner):  # "measures" the thread count, so the curve read back names its run
-        measured.append(torch.get_num_threads())
-        return RowCost({1: float(measured[-1])})
-
-    monkeypatch.setattr("bdcore.decode.cost.calibrate", fake_calibrate)
-    runner = types.SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"))
-    (tmp_path / "ckpt").mkdir()
-    threads = torch.get_num_threads()
-    try:
-        got = []
-        for n in (2, 1, 2, 1):
-            torch.set_num_threads(n)
-            got.append(load_or_calibrate(runner, tmp_path / "ckpt").points)
-    finally:
-        torch.set_num_threads(threads)
-    assert measured == [2, 1] and got == [{1: 2.0}, {1: 1.0}, {1: 2.0}, {1: 1.0}]
-
-
-def test_calibration_times_forwards_by_rows(checkpoint):
-    runner = Engine(load_checkpoint(checkpoint)).runner
-    cost = calibrate(runner, sizes=(1, 64), context=8, repeats=1)
-    assert set(cost.points) == {1, 64} and all(s > 0 for s in cost.points.values())
 
 
 def test_auto_settings_resolve():
