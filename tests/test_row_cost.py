@@ -125,3 +125,26 @@ def test_calibration_times_forwards_by_rows(checkpoint):
     runner = Engine(load_checkpoint(checkpoint)).runner
     cost = calibrate(runner, sizes=(1, 64), context=8, repeats=1)
     assert set(cost.points) == {1, 64} and all(s > 0 for s in cost.points.values())
+
+
+def test_calibration_forwards_are_shaped_as_self_spec_steps():
+    """r rows are one clean (verify) row then r - 1 canvas rows: a draft adapter pays its LoRA at canvas rows
+    only, so a curve timed on clean rows would price drafting at the causal step's cost (issue 41)."""
+    import types
+
+    from bdcore.decode.rows import CANVAS_STREAM, CLEAN_STREAM
+
+    seen = []
+
+    class Recorder:
+        model = types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=50))
+        device = types.SimpleNamespace(type="cpu")
+
+        def forward(self, batch):
+            ((_, op),) = batch
+            seen.append(list(op.rows.stream))
+
+    calibrate(Recorder(), sizes=(1, 4), context=6, repeats=1, min_seconds=0.0)
+    prefill, *steps = seen
+    assert prefill == [CLEAN_STREAM] * 6
+    assert {tuple(s) for s in steps} == {(CLEAN_STREAM,), (CLEAN_STREAM,) + (CANVAS_STREAM,) * 3}

@@ -26,6 +26,7 @@ from bdcore.decode.sequence import SequenceCache
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTEXT = 128  # cached tokens the calibration forwards attend to
+SHAPE = "verify+canvas"  # what a calibration forward holds (in the cache key: older curves timed clean rows)
 LIVE_WEIGHT = 0.2  # weight of a new live timing in its row count's moving average
 
 
@@ -87,12 +88,14 @@ def _sync(device: torch.device) -> None:
 def calibrate(
     runner, *, sizes=SIZES, context: int = CONTEXT, repeats: int = 3, min_seconds: float = 0.5, max_rounds: int = 25
 ) -> RowCost:
-    """Median seconds of each row count in `sizes` (clean rows, none kept) over a cache of `context` tokens,
+    """Median seconds of each row count in `sizes` (none kept) over a cache of `context` tokens,
     on `runner`'s model and device (`RowCost` fits a non-decreasing curve through them). The sizes are
     timed in rounds, one forward of each per round after an untimed warm-up round, so a burst of load hits
     every size alike; rounds go on until each size has `repeats` timings and the timed forwards add up to
     `min_seconds` (at most `max_rounds`): three timings of a 2 ms forward once made 64 rows look cheaper
-    than one."""
+    than one. A forward of r rows is shaped as the self-spec step the policy prices: one clean (verify) row
+    and r - 1 canvas rows. A draft adapter runs its LoRA at canvas rows only (issue 41), so a curve timed on
+    clean rows alone would price every drafting forward at the causal step's cost and draft too much."""
     vocab = runner.model.config.vocab_size
     cache = SequenceCache()
     tokens = [(7 * i + 3) % vocab for i in range(context + max(sizes))]
@@ -101,7 +104,12 @@ def calibrate(
     total, rounds = 0.0, 0
     while rounds <= repeats or (total < min_seconds and rounds <= max_rounds):
         for r in sizes:
-            op = Forward(Rows().clean(tokens[context : context + r], context), 0)
+            op = Forward(
+                Rows()
+                .clean(tokens[context : context + 1], context)
+                .canvas(tokens[context + 1 : context + r], context + 1),
+                0,
+            )
             _sync(runner.device)
             t = time.perf_counter()
             runner.forward([(cache, op)])
@@ -119,7 +127,7 @@ def cache_key(checkpoint: str | os.PathLike, device: torch.device, dtype: torch.
     config = path / "config.json"
     stamp = config.stat().st_mtime_ns if config.is_file() else 0
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu{os.cpu_count()}"
-    text = f"{path}|{stamp}|{name}|{dtype}|{torch.__version__}|{torch.get_num_threads()}|{SIZES}|{CONTEXT}"
+    text = f"{path}|{stamp}|{name}|{dtype}|{torch.__version__}|{torch.get_num_threads()}|{SIZES}|{CONTEXT}|{SHAPE}"
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
