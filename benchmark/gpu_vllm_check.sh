@@ -43,7 +43,7 @@ for mode in causal diffusion self-spec; do
 import json, sys, time, urllib.request
 from bdcore.decode.sampling import SamplingParams
 from inference.native.engine import DecodeConfig, Engine
-from inference.native.loading import load_checkpoint
+from bdcore.loading import load_checkpoint
 ckpt, mode, port, prompts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 loaded = load_checkpoint(ckpt, device="cuda")
 engine = Engine(loaded, DecodeConfig(mode=mode, fuse_commit=False))

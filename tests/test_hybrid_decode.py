@@ -67,3 +67,21 @@ def test_long_prefill_commits_the_state_at_keep_without_snapshots():
     assert not chunked.cache.plan.steps, "a forward that is not rolled back keeps no per-row states"
     with pytest.raises(ValueError, match="rollback=True"):
         chunked.crop_to(chunked.length - 1)
+
+
+def test_each_forward_gets_a_cache_that_shares_nothing_with_the_runners_template():
+    """The runner copies one blank cache per forward (building it from the config costs ~1 ms a forward);
+    a hybrid model's linear-attention layers hold dicts of per-state flags, which a forward that wrote them
+    through a shallow copy would leave set in every later forward's cache."""
+    from bdcore.decode.runner import ModelRunner
+
+    runner = ModelRunner(tiny_hybrid_model(), banned=None)
+    template = runner._cache_template.layers
+    before = [{k: (dict(v) if isinstance(v, dict) else v) for k, v in vars(layer).items()} for layer in template]
+    assert any(isinstance(v, dict) for b in before for v in b.values()), "the hybrid cache has per-state dicts"
+    kv = runner._blank_cache()
+    for layer in kv.layers:
+        for v in vars(layer).values():
+            if isinstance(v, dict):
+                v[0] = "written"
+    assert [vars(layer) for layer in template] == before

@@ -13,6 +13,8 @@ restores the state the sequence's last (rollback) forward snapshotted.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from bdcore.decode.gated_delta_layers import DecodePlan, patch_for_decode
@@ -33,6 +35,18 @@ class ModelRunner:
         self.clean_causal = clean_causal
         self.within_block_causal = within_block_causal
         self.device = next(model.parameters()).device
+        self.serving_only = False  # set by the engine: see _no_autograd
+        from transformers import DynamicCache
+
+        # Built once and copied blank per forward: building from the config walks it (~1 ms a forward on a CPU,
+        # 2-3% of a 135M model's decode step).
+        self._cache_template = DynamicCache(config=model.config)
+
+    def _blank_cache(self):
+        """A new, empty forward cache: the template's layers copied before any forward filled them."""
+        kv = copy.copy(self._cache_template)
+        kv.layers = [_blank_layer(layer) for layer in self._cache_template.layers]
+        return kv
 
     def forward(self, batch: list[tuple[SequenceCache, Forward]]) -> list[torch.Tensor]:
         """Logits [len(rows), V] per (cache, forward), `<|mask|>` banned; each cache keeps its first `keep`
@@ -41,19 +55,32 @@ class ModelRunner:
         few would make every sequence in the batch prompt-long."""
         fresh = [cache.length == 0 for cache, _ in batch]
         if all(fresh) or not any(fresh):
-            return self._forward_padded(batch)
+            return self._logits(batch)
         out: list[torch.Tensor | None] = [None] * len(batch)
         for want in (True, False):
             idx = [i for i, f in enumerate(fresh) if f == want]
-            for i, logits in zip(idx, self._forward_padded([batch[i] for i in idx])):
+            for i, logits in zip(idx, self._logits([batch[i] for i in idx])):
                 out[i] = logits
         return out
 
-    @torch.no_grad()
-    def _forward_padded(self, batch: list[tuple[SequenceCache, Forward]]) -> list[torch.Tensor]:
-        """One model forward over every sequence of `batch`, right-padded to the longest cache and row list."""
-        from transformers import DynamicCache
+    def _logits(self, batch: list[tuple[SequenceCache, Forward]]) -> list[torch.Tensor]:
+        """Logits as ordinary fp32 tensors, which callers may change and train on (rollouts)."""
+        with self._no_autograd():
+            raw = self._forward_padded(batch)
+        logits = raw.to(torch.float32, copy=True)
+        if self.banned is not None:
+            logits[..., self.banned] = float("-inf")
+        return [logits[b, : len(op.rows.tokens)] for b, (_, op) in enumerate(batch)]
 
+    def _no_autograd(self):
+        """Inference mode where the caller said the model only serves (the engine: about 5% of a small
+        model's decode step on a CPU, against no_grad); no_grad otherwise: a model that also trains (rollouts)
+        has autograd machinery (checkpointing, FSDP hooks) that refuses inference tensors."""
+        return torch.inference_mode() if self.serving_only else torch.no_grad()
+
+    def _forward_padded(self, batch: list[tuple[SequenceCache, Forward]]) -> torch.Tensor:
+        """One model forward over every sequence of `batch`, right-padded to the longest cache and row list:
+        its raw logits [batch, longest row list, V]."""
         n, dev = len(batch), self.device
         lengths = [cache.length for cache, _ in batch]
         sizes = [len(op.rows.tokens) for _, op in batch]
@@ -69,7 +96,7 @@ class ModelRunner:
             mask[b, 0, :q] = False
             mask[b, 0, :q, :c] = m[:, :c]
             mask[b, 0, :q, L : L + q] = m[:, c:]
-        kv = DynamicCache(config=self.model.config)
+        kv = self._blank_cache()
         if L:
             for j, layer in enumerate(self.attn_layers):
                 self._fill(kv.layers[layer], [cache for cache, _ in batch], j, L)
@@ -96,9 +123,6 @@ class ModelRunner:
             drafting[b, : len(op.rows.stream)] = torch.tensor(op.rows.stream, device=dev) >= CANVAS_STREAM
         with draft_rows(self.model, drafting):
             out = self.model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=kv, use_cache=True)
-        logits = out.logits.float()
-        if self.banned is not None:
-            logits[..., self.banned] = float("-inf")
         for b, (cache, op) in enumerate(batch):
             keep_to = L + op.keep
             if n == 1:  # the layer's tensor is [cache, new rows]: keep a view, no copy
@@ -112,7 +136,7 @@ class ModelRunner:
                 cache.values = [torch.cat([v, nv], 1) for v, nv in zip(cache.values, new_v)]
             else:
                 cache.keys, cache.values = [k.clone() for k in new_k], [v.clone() for v in new_v]
-        return [logits[b, : sizes[b]] for b in range(n)]
+        return out.logits
 
     @staticmethod
     def _fill(layer, caches: list[SequenceCache], j: int, L: int) -> None:
@@ -131,3 +155,11 @@ class ModelRunner:
             values = torch.stack([padded(c, "values") for c in caches])
         layer.lazy_initialization(keys, values)
         layer.keys, layer.values = keys, values
+
+
+def _blank_layer(layer):
+    """A copy of an unfilled cache layer: its fields are None, numbers, flags and dicts of them (the linear
+    attention layers' per-state flags), so copying each field one level deep shares nothing."""
+    blank = object.__new__(type(layer))
+    blank.__dict__.update({k: copy.copy(v) for k, v in vars(layer).items()})
+    return blank

@@ -103,6 +103,7 @@ class Engine:
         # (a block longer than the context) stops the server at start rather than failing each request.
         self._resolve(self.decode)
         self.runner = loaded.capabilities.runner(loaded.model)
+        self.runner.serving_only = True  # nothing trains the engine's model: its forwards run in inference mode
         self.driver = DecodeDriver(self.runner, Speculation(cost, prior=loaded.draft_prior) if cost else None)
         self._calibrating = threading.Lock()
         d = self.decode
