@@ -44,7 +44,7 @@ demo: venv
 		--log_every 50 --save_dir $(DEMO_DIR)/bd
 	$(PY) -m data.demo_check $(DEMO_DIR)/ar/final $(DEMO_DIR)/kit/eval.jsonl --limit 100
 	$(PY) -m benchmark.serving.bench_decode $(DEMO_DIR)/bd/final --prompts $(DEMO_DIR)/kit/eval.jsonl --num 100 \
-		--concurrency 1 --max-tokens 64 --json $(DEMO_DIR)/serving.json
+		--concurrency 1 --max-tokens 64 --base $(DEMO_DIR)/ar/final --json $(DEMO_DIR)/serving.json
 	@echo "AR checkpoint:              $(DEMO_DIR)/ar/final"
 	@echo "block-diffusion checkpoint: $(DEMO_DIR)/bd/final  (block_diffusion.json inside)"
 
