@@ -48,3 +48,17 @@ def test_probabilities_ban_mask_and_truncate():
     p = probabilities(logits, SamplingParams(temperature=1.0, top_p=0.5), banned=None)
     assert (p > 0).sum() == 1 and p[0, 3] == 1
     assert first_stop([4, 5, 2, 2], {2}) == 2 and first_stop([4], {2}) is None
+
+
+def test_greedy_pick_is_the_one_hot_argmax_without_building_it():
+    """`pick` answers greedy rows with the argmax alone (no distribution); it must be the argmax of
+    `probabilities`' one-hot rows, the banned token never chosen, and the caller's logits left as they were."""
+    from bdcore.decode.sampling import pick
+
+    logits = torch.tensor([[2.0, 1.0, 0.5, 3.0], [0.0, 4.0, 1.0, -1.0], [1.0, 1.5, 9.0, 2.0]])
+    before = logits.clone()
+    tokens, probs = pick(logits, SamplingParams(), 3, None)
+    assert probs is None
+    assert tokens.tolist() == probabilities(logits, SamplingParams(), banned=3).argmax(-1).tolist() == [0, 1, 2]
+    assert torch.equal(logits, before)
+    assert pick(logits, SamplingParams(), None, None)[0].tolist() == [3, 1, 2]

@@ -55,9 +55,9 @@ def denoise_step(
     """
     first = 1 if shift else 0
     tokens, probs = pick(logits_rows, params, banned, generator)
+    if probs is None:  # greedy: score by the plain softmax
+        probs = logits_rows.float().softmax(-1)
     conf = probs.gather(-1, tokens[:, None]).squeeze(-1)
-    if params.greedy:  # one-hot probs: score by the plain softmax instead
-        conf = logits_rows.float().softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
     commit = commit_slots(
         conf.cpu(), torch.tensor(masked[first:]), threshold=threshold, last_step=last_step, left_to_right=left_to_right
     )

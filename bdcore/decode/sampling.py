@@ -69,7 +69,22 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
 
 def pick(
     logits: torch.Tensor, params: SamplingParams, banned: int | None, generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens and their distributions for rows of logits (argmax when greedy, else one draw per row)."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Tokens and their distributions for rows of logits: one draw per row, or when greedy the argmax and
+    no distribution (None): greedy acceptance compares tokens, and building the one-hot rows of
+    `probabilities` cost more than the argmax itself (~9 ms for a 15-row self-spec step over a 49k vocabulary
+    on a 2-core CPU, a sixth of the forward)."""
+    if params.greedy:
+        return greedy_tokens(logits, banned), None
     probs = probabilities(logits, params, banned)
-    return (probs.argmax(-1) if params.greedy else draw(probs, generator)), probs
+    return draw(probs, generator), probs
+
+
+def greedy_tokens(logits: torch.Tensor, banned: int | None) -> torch.Tensor:
+    """The argmax per row, never `banned` (the argmax of `probabilities`' one-hot, without building it)."""
+    tokens = logits.argmax(-1)
+    if banned is not None and bool((tokens == banned).any()):  # rare: the engine's runner has banned it already
+        logits = logits.float().clone()
+        logits[..., banned] = float("-inf")
+        tokens = logits.argmax(-1)
+    return tokens

@@ -215,7 +215,7 @@ class SelfSpec(ShiftedCanvasAlgorithm):
         for i, rid in enumerate(forward_batch.rids):
             d, qi = pick(logits[i, :-1], params[i], mask, self._generator(rid))
             drafts.append(d.cpu())
-            q.append(qi.cpu())
+            q.append(None if qi is None else qi.cpu())  # greedy: no distribution
         ids.copy_(torch.stack([torch.cat([torch.tensor([s]), d]) for s, d in zip(seeds, drafts)]).to(ids).view(-1))
         last = self._canvas_forward(model_runner, forward_batch, bidirectional=False)
         verify = last.logits_output.full_logits.view(bs, N, -1)
