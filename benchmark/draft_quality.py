@@ -9,6 +9,9 @@ the tokens per forward that linear and all-canvases self-spec would take along t
 head's held-out loss. `--compare-served` also decodes every prompt with the native engine in self-spec
 (greedy, both layouts) and prints the served tokens per forward beside the implied ones: on answers that
 are the checkpoint's own greedy output the two are equal; on other answers the metric follows their path.
+Two markdown tables follow (`bdcore/decode/tree_acceptance.py`): per canvas slot, the share of anchors whose
+AR token is in the slot's top k given the earlier slots' were in theirs; per tree shape, its nodes and the
+mean drafts a greedy verify of it would accept, against the linear chain's.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, 
     }
     if serve:
         result.update(served(loaded, samples, N))
+    result["trees"] = quality.trees(N)
     return result
 
 
@@ -75,6 +79,30 @@ def served(loaded, samples: list[tuple[list[int], int]], draft_len: int) -> dict
             forwards += gen.stats.forwards
         out["served_tpf_linear" if layout == "last" else "served_tpf_all"] = tokens / max(1, forwards)
     return out
+
+
+def markdown_tables(trees: dict[str, list]) -> str:
+    """The per-slot top-k path acceptance and the tree shapes' accepted drafts, as markdown tables."""
+    slots = trees["topk_path_acceptance"]
+    ks = [k for k in slots[0] if k.startswith("top")] if slots else []
+    lines = [
+        "| slot | anchors reaching it (top-1) | " + " | ".join(f"top-{k[3:]} path" for k in ks) + " |",
+        "|---:|---:|" + "---:|" * len(ks),
+    ]
+    lines += [f"| {r['slot']} | {r['anchors']} | " + " | ".join(_cell(r[k]) for k in ks) + " |" for r in slots]
+    lines += [
+        "",
+        "| tree shape | tree nodes (verify rows) | mean accepted drafts per verify | vs linear |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in trees["tree_shapes"]:
+        ratio = "-" if r["vs_linear"] is None else f"{r['vs_linear']:.2f}x"
+        lines.append(f"| {r['shape']} | {r['nodes']} | {r['mean_accepted']:.4f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def _cell(share: float | None) -> str:
+    return "-" if share is None else f"{share:.4f}"
 
 
 def main(argv=None) -> int:
@@ -99,9 +127,11 @@ def main(argv=None) -> int:
         max_rows=args.max_rows,
         serve=args.compare_served,
     )
-    width = max(len(k) for k in result)
-    for k, v in result.items():
+    figures = {k: v for k, v in result.items() if k != "trees"}
+    width = max(len(k) for k in figures)
+    for k, v in figures.items():
         print(f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    print("\n" + markdown_tables(result["trees"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -115,9 +115,10 @@ def test_chunked_forwards_score_as_one(tmp_path):
     assert one.summary()["eval_ar_loss"] == pytest.approx(float(want), rel=1e-4)
 
 
-def test_the_benchmark_on_self_distilled_answers_implies_what_is_served(tmp_path):
+def test_the_benchmark_on_self_distilled_answers_implies_what_is_served(tmp_path, capsys):
     """`python -m benchmark.draft_quality --compare-served` on answers the checkpoint wrote itself (greedy):
-    implied and served tokens per forward agree exactly, for both layouts."""
+    implied and served tokens per forward agree exactly, for both layouts. The tree tables follow the
+    figures, their linear chain the mean accepted prefix (tests/test_tree_acceptance.py holds the rest)."""
     import json
 
     from benchmark.draft_quality import main
@@ -149,6 +150,12 @@ def test_the_benchmark_on_self_distilled_answers_implies_what_is_served(tmp_path
     assert result["samples"] == len(kept) and result["draft_len"] == 4
     assert result["draft_tpf_linear"] == pytest.approx(result["served_tpf_linear"])
     assert result["draft_tpf_all"] == pytest.approx(result["served_tpf_all"])
+    linear = result["trees"]["tree_shapes"][0]
+    assert linear["shape"] == "(1,1,1)" and linear["mean_accepted"] == pytest.approx(result["draft_mean_accepted"])
+    printed = capsys.readouterr().out
+    figures = dict(line.split(maxsplit=1) for line in printed.split("\n\n")[0].splitlines())
+    assert figures["draft_mean_accepted"] == f"{result['draft_mean_accepted']:.4f}" and "trees" not in figures
+    assert "| tree shape | tree nodes (verify rows) |" in printed and "| (4,2,1) | 20 |" in printed
 
 
 @pytest.mark.e2e

@@ -15,7 +15,8 @@ all-canvases self-spec is replayed exactly (prefill, verify steps, cold steps af
 gives the tokens per forward they imply. On an answer that is the checkpoint's own greedy output the
 walk is what `serve.py --mode self-spec` does, forward for forward; on other answers it is the same
 decoder's behaviour along that path. The anchor at the answer's first position mirrors the prefill,
-whose canvas is N masks long.
+whose canvas is N masks long. Per anchor the rank of the AR token among each slot's draft logits is kept
+too: `bdcore.decode.tree_acceptance` reads from them what a tree of top-k drafts would accept.
 """
 
 from __future__ import annotations
@@ -27,23 +28,35 @@ import torch
 from bdcore.decode.modes import Forward
 from bdcore.decode.rows import Rows
 from bdcore.decode.sequence import SequenceCache
+from bdcore.decode.tree_acceptance import TOP_K, TreeShape, default_shapes, topk_path_acceptance, tree_table
 
 
 @dataclass
 class SampleDrafts:
     """One answer: `accepted[i]` is the accepted prefix at the anchor `start + i` (the last position, the
-    stop token's, has none); `ar_nll` the AR head's loss on each answer token."""
+    stop token's, has none); `ar_nll` the AR head's loss on each answer token; `ranks[i][j]` the rank of the
+    AR argmax at position start+i+j+1 among the draft logits of that anchor's slot j (0: the draft's argmax)."""
 
     start: int  # first answer position (the prompt's length)
     end: int  # one past the answer's last token (its stop token)
     accepted: list[int]
     ar_nll: list[float]
     ar_matches_data: int  # answer tokens after the first that equal the AR head's argmax
+    ranks: list[list[int]] = field(default_factory=list)
 
 
 def accepted_prefix(drafts: torch.Tensor, ar: torch.Tensor) -> int:
     """Leading positions where the draft equals the AR argmax (the greedy acceptance rule)."""
     return int((drafts == ar).int().cumprod(0).sum()) if drafts.numel() else 0
+
+
+def rank_among(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per row of `logits` [n, V], the rank of `targets[row]`: the tokens scored above it, plus tied ones at
+    a lower id, because argmax returns the first maximum; so rank 0 is exactly `argmax == target`, and the
+    linear tree reproduces `accepted_prefix` even on ties."""
+    score = logits.gather(-1, targets[:, None])
+    ids = torch.arange(logits.shape[-1], device=logits.device)
+    return (logits > score).sum(-1) + ((logits == score) & (ids < targets[:, None])).sum(-1)
 
 
 def canvas_forwards(ids: list[int], start: int, *, mask_id: int, draft_len: int, max_rows: int) -> list[Rows]:
@@ -68,7 +81,7 @@ def score_sample(runner, ids: list[int], start: int, *, mask_id: int, draft_len:
     L, N = len(ids), draft_len
     if not 0 < start < L:
         raise ValueError(f"an answer must follow a prompt: start {start} of {L} tokens")
-    accepted, ar = [], None
+    accepted, ranks, ar = [], [], None
     for rows in canvas_forwards(ids, start, mask_id=mask_id, draft_len=N, max_rows=max_rows):
         # rollback: the per-row recurrent states a canvas before the last clean row starts from (hybrids)
         logits = runner.forward([(SequenceCache(), Forward(rows, 0, rollback=True))])[0]
@@ -83,9 +96,10 @@ def score_sample(runner, ids: list[int], start: int, *, mask_id: int, draft_len:
             n = min(N - 1, L - 1 - a)  # drafts for positions a+1 .. a+n, the stop token's included
             drafts = logits[row : row + n].argmax(-1)
             accepted.append(accepted_prefix(drafts, ar[a : a + n]))
+            ranks.append(rank_among(logits[row : row + n], ar[a : a + n]).tolist())
             row += size
     matches = int((ar[start : L - 1] == torch.tensor(ids[start + 1 :], device=ar.device)).sum())
-    return SampleDrafts(start, L, accepted, nll.tolist(), matches)
+    return SampleDrafts(start, L, accepted, nll.tolist(), matches, ranks)
 
 
 def walk_forwards(sample: SampleDrafts, draft_len: int, *, all_canvases: bool) -> int:
@@ -140,6 +154,16 @@ class DraftQuality:
             "draft_tpf_all": self.tokens / max(1, self.forwards_all),
             "eval_ar_loss": self.ar_nll / tokens,
             "eval_ar_matches_data": self.ar_matches_data / max(1, self.tokens - self.samples),
+        }
+
+    def trees(self, draft_len: int, shapes: list[TreeShape] | None = None, top_k: int = TOP_K) -> dict[str, list]:
+        """What trees of top-k drafts would accept (`bdcore.decode.tree_acceptance`): the per-slot top-k path
+        acceptance and, per shape (default: `default_shapes`), node count and mean accepted drafts per verify.
+        Apart from `summary` so that the trainer's logged figures stay what they were."""
+        anchors = [ranks for s in self.per_sample for ranks in s.ranks]
+        return {
+            "topk_path_acceptance": topk_path_acceptance(anchors, top_k),
+            "tree_shapes": tree_table(anchors, shapes or default_shapes(draft_len), draft_len),
         }
 
 
