@@ -77,18 +77,24 @@ class DraftGate:
     def rows(self, value: torch.Tensor | None) -> None:
         self._rows, self._plans = value, {}
 
-    def plan(self, shape: torch.Size) -> tuple[str, torch.Tensor | None]:
-        """How a LoRA input of `shape` is gated: ("none" | "all" | "some", flat indices of its drafting rows
-        for "some"). Worked out once per forward and input shape: every adapted projection shares it."""
+    def plan(self, shape: torch.Size) -> tuple[str, torch.Tensor | None, slice | None]:
+        """How a LoRA input of `shape` is gated: ("none" | "all" | "some", flat indices of its drafting rows,
+        the same rows as a slice where they are one run). Worked out once per forward and input shape: every
+        adapted projection shares it."""
         key = (tuple(shape[:-1]), self.batch_row)
         if key not in self._plans:
             rows = self._rows_for(shape[:-1])
             if not rows.any():
-                self._plans[key] = ("none", rows.reshape(-1).nonzero().squeeze(1))
+                self._plans[key] = ("none", rows.reshape(-1).nonzero().squeeze(1), None)
             elif rows.all():
-                self._plans[key] = ("all", None)
+                self._plans[key] = ("all", None, None)
             else:
-                self._plans[key] = ("some", rows.reshape(-1).nonzero().squeeze(1))
+                index = rows.reshape(-1).nonzero().squeeze(1)
+                first, n = int(index[0]), index.numel()
+                # one run of rows (a batch of one: its canvases follow its clean rows): a slice, which costs
+                # no gather and no scatter
+                run = int(index[-1]) - first + 1 == n
+                self._plans[key] = ("some", index, slice(first, first + n) if run else None)
         return self._plans[key]
 
     def _rows_for(self, lead: torch.Size) -> torch.Tensor:
@@ -112,18 +118,22 @@ def _gated_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     only. Non-drafting rows are the base layer's output itself (no term times zero), drafting rows are what
     peft's own forward computes there (its LoRA is vanilla, without dropout: `LoraSpec`)."""
     result = self.base_layer(x, *args, **kwargs)
-    kind, index = draft_gate(self).plan(x.shape)
-    if kind == "none" and not torch.is_grad_enabled():
+    kind, index, run = draft_gate(self).plan(x.shape)
+    grad = torch.is_grad_enabled()
+    if kind == "none" and not grad:
         return result
     lora_a, lora_b = self.lora_A[ADAPTER_NAME], self.lora_B[ADAPTER_NAME]
     scale = self.scaling[ADAPTER_NAME]
     x = self._cast_input_dtype(x, lora_a.weight.dtype)
     if kind == "all":
         return (result + lora_b(lora_a(x)) * scale).to(result.dtype)
+    flat, x = result.reshape(-1, result.shape[-1]), x.reshape(-1, x.shape[-1])
+    if run is not None and not grad:  # decoding: the base output is ours to add to, in place, over a slice
+        flat[run].add_((lora_b(lora_a(x[run])) * scale).to(flat.dtype))
+        return flat.view_as(result)
     # "some", or "none" under grad: the empty product keeps the adapter's gradients defined (zeros), as
     # data-parallel reduction expects of every trainable parameter
-    flat = result.reshape(-1, result.shape[-1])
-    delta = lora_b(lora_a(x.reshape(-1, x.shape[-1]).index_select(0, index))) * scale
+    delta = lora_b(lora_a(x.index_select(0, index))) * scale
     return flat.index_add(0, index, delta.to(flat.dtype)).view_as(result)
 
 
