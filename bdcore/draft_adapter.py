@@ -129,7 +129,13 @@ def _gated_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return (result + lora_b(lora_a(x)) * scale).to(result.dtype)
     flat, x = result.reshape(-1, result.shape[-1]), x.reshape(-1, x.shape[-1])
     if run is not None and not grad:  # decoding: the base output is ours to add to, in place, over a slice
-        flat[run].add_((lora_b(lora_a(x[run])) * scale).to(flat.dtype))
+        rows = flat[run]
+        if lora_b.bias is None and lora_b.weight.dtype == rows.dtype:
+            # one product and one fused multiply-add: at a few rows a forward pays per operation, and 7
+            # projections x 30 layers of SmolLM2 made the adapter cost ~half the base model's forward
+            rows.addmm_(torch.nn.functional.linear(x[run], lora_a.weight), lora_b.weight.t(), alpha=scale)
+        else:
+            rows.add_((lora_b(lora_a(x[run])) * scale).to(rows.dtype))
         return flat.view_as(result)
     # "some", or "none" under grad: the empty product keeps the adapter's gradients defined (zeros), as
     # data-parallel reduction expects of every trainable parameter
