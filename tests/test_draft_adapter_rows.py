@@ -53,15 +53,18 @@ def test_a_mixed_forward_runs_the_product_on_its_drafting_rows_only():
     assert seen and set(seen) == {int(rows.sum())}
 
 
-@pytest.mark.parametrize("drafting", ["none", "some", "all"])
+@pytest.mark.parametrize("drafting", ["none", "some", "run", "all"])
 def test_each_row_gets_peft_lora_or_the_base_projection(drafting):
     """Per projection, on random inputs: drafting rows equal peft's own LoRA forward (the same weights, an
-    adapter that is not draft-only), the other rows equal the base layer's output bit for bit."""
+    adapter that is not draft-only), the other rows equal the base layer's output bit for bit. "run": one
+    sequence whose drafting rows follow its clean rows (a decode step's slice, added in place)."""
     gated, plain = _adapted(), _adapted(draft_only=False)
-    x = torch.randn(3, 6, gated.config.hidden_size)
-    rows = {"none": torch.zeros(3, 6, dtype=torch.bool), "all": torch.ones(3, 6, dtype=torch.bool)}.get(
-        drafting, torch.rand(3, 6, generator=torch.Generator().manual_seed(0)) < 0.4
-    )
+    x = torch.randn(1 if drafting == "run" else 3, 6, gated.config.hidden_size)
+    rows = {
+        "none": torch.zeros(3, 6, dtype=torch.bool),
+        "all": torch.ones(3, 6, dtype=torch.bool),
+        "run": torch.tensor([[False, False, True, True, True, True]]),
+    }.get(drafting, torch.rand(3, 6, generator=torch.Generator().manual_seed(0)) < 0.4)
     for g, p in zip(_projections(gated), _projections(plain)):
         if g.in_features != x.shape[-1]:
             continue
@@ -111,3 +114,28 @@ def test_copies_keep_the_gated_forward():
     with torch.no_grad(), draft_rows(model, torch.zeros_like(ids, dtype=torch.bool)):
         model(input_ids=ids)
     assert seen == []
+
+
+def test_a_served_bf16_model_drafts_with_fp32_factors_and_verifies_with_the_base():
+    """`serve_lora_in_fp32`: a bf16 model's LoRA factors go to fp32 (a CPU's bf16 matmul costs ~5x fp32 at a
+    decode step's few rows); drafting rows stay peft's LoRA (to bf16 rounding), the others the bf16 base
+    projection bit for bit."""
+    from bdcore.draft_adapter import serve_lora_in_fp32
+
+    gated, plain = _adapted(), _adapted(draft_only=False)
+    gated.to(torch.bfloat16)
+    serve_lora_in_fp32(gated)
+    assert all(p.dtype == torch.float32 for n, p in gated.named_parameters() if "lora_" in n)
+    assert all(p.dtype == torch.bfloat16 for n, p in gated.named_parameters() if "base_layer" in n)
+    x = torch.randn(1, 6, gated.config.hidden_size)
+    rows = torch.tensor([[False, False, True, True, True, True]])
+    for g, p in zip(_projections(gated), _projections(plain)):
+        if g.in_features != x.shape[-1]:
+            continue
+        with torch.inference_mode(), draft_rows(gated, rows):
+            got = g(x.bfloat16())
+        with torch.no_grad():
+            lora = p(x)
+        assert got.dtype == torch.bfloat16
+        assert torch.equal(got[~rows], g.base_layer(x.bfloat16())[~rows])
+        torch.testing.assert_close(got[rows].float(), lora[rows], atol=0.05, rtol=0.02)

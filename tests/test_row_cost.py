@@ -121,6 +121,27 @@ def test_a_cost_measured_at_other_threads_is_measured_again(monkeypatch, tmp_pat
     assert measured == [2, 1] and got == [{1: 2.0}, {1: 1.0}, {1: 2.0}, {1: 1.0}]
 
 
+def test_a_cost_measured_by_other_decode_code_is_measured_again(monkeypatch, tmp_path):
+    """A change to the code a decode forward runs through (the runner, the draft adapter's projections)
+    changes what a row costs: the cached curve of the old code must not price the new one's layouts."""
+    import types
+
+    import torch
+
+    from bdcore.decode import cost
+
+    monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path / "cache"))
+    measured = []
+    monkeypatch.setattr(cost, "calibrate", lambda runner: measured.append(1) or RowCost({1: float(len(measured))}))
+    runner = types.SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"))
+    (tmp_path / "ckpt").mkdir()
+    first = load_or_calibrate(runner, tmp_path / "ckpt").points
+    assert load_or_calibrate(runner, tmp_path / "ckpt").points == first and len(measured) == 1
+    assert len(cost.code_stamp()) == 12
+    monkeypatch.setattr(cost, "code_stamp", lambda: "other code")
+    assert load_or_calibrate(runner, tmp_path / "ckpt").points == {1: 2.0}, "measured again for the new code"
+
+
 def test_calibration_times_forwards_by_rows(checkpoint):
     runner = Engine(load_checkpoint(checkpoint)).runner
     cost = calibrate(runner, sizes=(1, 64), context=8, repeats=1)

@@ -11,6 +11,7 @@ dtype and thread count, so a restart does not measure again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -121,13 +122,25 @@ def calibrate(
     return RowCost({r: sorted(ts)[len(ts) // 2] for r, ts in times.items()})
 
 
+@functools.lru_cache(maxsize=1)
+def code_stamp() -> str:
+    """A hash of the code a decode forward runs through (bdcore's decode package, the draft adapter's gated
+    projections): a measurement made before a change to them (session 43 cut a drafting forward's cost by a
+    fifth) would mislead the policy until the cache was cleared by hand."""
+    root = Path(__file__).resolve().parent
+    files = sorted(root.glob("*.py")) + [root.parent / "draft_adapter.py"]
+    return hashlib.sha1(b"".join(f.read_bytes() for f in files)).hexdigest()[:12]
+
+
 def cache_key(checkpoint: str | os.PathLike, device: torch.device, dtype: torch.dtype) -> str:
-    """One measurement per checkpoint (its path and config time), device, dtype, torch and thread count."""
+    """One measurement per checkpoint (its path and config time), device, dtype, torch, thread count and
+    decode code (`code_stamp`)."""
     path = Path(checkpoint).resolve()
     config = path / "config.json"
     stamp = config.stat().st_mtime_ns if config.is_file() else 0
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu{os.cpu_count()}"
-    text = f"{path}|{stamp}|{name}|{dtype}|{torch.__version__}|{torch.get_num_threads()}|{SIZES}|{CONTEXT}|{SHAPE}"
+    threads = torch.get_num_threads()
+    text = f"{path}|{stamp}|{name}|{dtype}|{torch.__version__}|{threads}|{SIZES}|{CONTEXT}|{SHAPE}|{code_stamp()}"
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
