@@ -339,10 +339,9 @@ def run_native(args, extra: list[str]) -> int:
     if why is not None:
         raise ServeError(why)
     import torch
-    import uvicorn
 
     from bdcore.loading import CheckpointError, load_checkpoint, serving_dtype
-    from inference.server import create_app
+    from inference.server import create_app, serve_app
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -363,7 +362,8 @@ def run_native(args, extra: list[str]) -> int:
         f"serving {args.model} ({args.mode}, native engine on {device}) at http://{args.host}:{args.port}/v1",
         flush=True,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    if not serve_app(app, host=args.host, port=args.port):
+        raise ServeError(f"could not listen on {args.host}:{args.port} (the reason is above); pick another --port")
     return 0
 
 

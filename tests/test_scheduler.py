@@ -171,3 +171,38 @@ def test_decode_loop_batches_admits_and_retires(loaded):
             want[i].finish_reason,
             want[i].stats.forwards,
         )
+
+
+def test_the_scheduler_can_decode_on_the_thread_that_loaded_the_model(tmp_path):
+    """`run_here` (what serve.py does: one thread runs every torch op, see inference/server/run.py): requests
+    from other threads are decoded on the calling thread, equal to the engine alone, and it returns once its
+    stop is set; a scheduler already decoding on some thread refuses a second."""
+    loaded = load_checkpoint(tiny_checkpoint(tmp_path, bd_size=4))
+    engine = Engine(loaded)
+    sched = Scheduler(engine, max_batch=4)
+    params = SamplingParams(max_tokens=6)
+    prompts = _prompts(loaded.tokenizer, 3)
+    alone = [engine.generate(p, params).tokens for p in prompts]
+    seen, stop = set(), threading.Event()
+    real_forward = engine.driver.forward
+
+    def forward(decoders):
+        seen.add(threading.get_ident())
+        return real_forward(decoders)
+
+    engine.driver.forward = forward
+
+    def clients():
+        try:
+            results, errors = _concurrently(lambda i: sched.generate(prompts[i], params).tokens, len(prompts))
+            clients.out = (results, errors)
+        finally:
+            stop.set()
+
+    threading.Thread(target=clients).start()
+    sched.run_here(stop)
+    results, errors = clients.out
+    assert errors == [None] * len(prompts) and results == alone
+    assert seen == {threading.get_ident()}, "every forward ran on the thread that called run_here"
+    with pytest.raises(RuntimeError, match="already decodes"):
+        sched.run_here(threading.Event())

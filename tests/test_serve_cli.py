@@ -106,15 +106,13 @@ def test_request_limits_reach_the_native_server(monkeypatch):
     """--max-request-bytes (default 4 MiB) and --allow-client-chat-template (default off) reach create_app."""
     import types
 
-    import uvicorn
-
     from bdcore import loading
     from inference import server
 
     made = []
     monkeypatch.setattr(loading, "load_checkpoint", lambda *a, **k: types.SimpleNamespace(name="m"))
     monkeypatch.setattr(server, "create_app", lambda *a, **k: made.append(k) or "app")
-    monkeypatch.setattr(uvicorn, "run", lambda app, **k: None)
+    monkeypatch.setattr(server, "serve_app", lambda app, **k: True)
     assert serve.main(["m", "--mode", "causal", "--backend", "native"]) == 0
     assert made[-1]["max_request_bytes"] == 4 * 2**20 and made[-1]["allow_client_chat_template"] is False
     argv = ["m", "--mode", "causal", "--backend", "native", "--max-request-bytes", "1000"]
@@ -129,8 +127,6 @@ def test_native_self_spec_chooses_its_layout_by_default_and_sglang_drafts_fixed(
     fixed value given on the command line stays fixed; SGLang's self-spec drafts the trained block."""
     import types
 
-    import uvicorn
-
     from bdcore import loading
     from benchmark.tiny import tiny_checkpoint
     from inference import server
@@ -138,7 +134,7 @@ def test_native_self_spec_chooses_its_layout_by_default_and_sglang_drafts_fixed(
     made = []
     monkeypatch.setattr(loading, "load_checkpoint", lambda *a, **k: types.SimpleNamespace(name="m"))
     monkeypatch.setattr(server, "create_app", lambda *a, **k: made.append(a[1]) or "app")
-    monkeypatch.setattr(uvicorn, "run", lambda app, **k: None)
+    monkeypatch.setattr(server, "serve_app", lambda app, **k: True)
     assert serve.main(["m", "--mode", "self-spec", "--backend", "native"]) == 0
     assert (made[-1].draft_len, made[-1].self_spec_canvases) == ("auto", "auto")
     assert serve.main(["m", "--mode", "self-spec", "--draft-len", "4", "--self-spec-canvases", "last"]) == 0
@@ -161,9 +157,9 @@ def test_serving_dtype_auto_is_bf16_where_the_cpu_has_native_bf16(monkeypatch):
 
 def _refused_at_start(monkeypatch, argv) -> str:
     """serve.py's main() expecting its one-line error before the server starts."""
-    import uvicorn
+    from inference import server
 
-    monkeypatch.setattr(uvicorn, "run", lambda app, **k: pytest.fail("the server started"))
+    monkeypatch.setattr(server, "serve_app", lambda app, **k: pytest.fail("the server started"))
     with pytest.raises(SystemExit) as stopped:
         serve.main(argv)
     line = str(stopped.value)  # a ServeError: its one line (status 2)
@@ -286,3 +282,20 @@ def test_a_bad_setting_is_one_line_and_status_2_from_the_shell(block4):
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
         "serve.py: error: --steps must be >= 1, got 0; give a positive count, or none for --block-size - 1"
     ], proc.stderr
+
+
+def test_serve_app_reports_a_port_it_cannot_listen_on(tmp_path):
+    """HTTP runs on its own thread (inference/server/run.py): a bind failure there must end the decode loop
+    on the main thread and come back as False (serve.py's one-line error), not hang the process."""
+    import socket
+
+    from bdcore.decode.config import DecodeConfig
+    from bdcore.loading import load_checkpoint
+    from inference.server import create_app, serve_app
+    from tests.tiny import tiny_checkpoint
+
+    app = create_app(load_checkpoint(tiny_checkpoint(tmp_path)), DecodeConfig(mode="causal"), model_name="t")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert serve_app(app, host="127.0.0.1", port=taken.getsockname()[1]) is False

@@ -13,8 +13,10 @@ responses.py       the reply shapes of chat and completions (one builder), usage
 token_text.py      each answer token's share of the reply's text (logprobs token strings, text_offset)
 tool_calls.py      Hermes/Qwen <tool_call> parsing, the streaming hold-back boundary, forced prefixes
 prometheus.py      /metrics on prometheus_client: counters, latency/forward/draft histograms, cost
+run.py             serve_app: HTTP on a thread of its own, decoding on the thread that loaded the model
 """
 
 from inference.server.app import create_app
+from inference.server.run import serve_app
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "serve_app"]
