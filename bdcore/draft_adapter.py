@@ -34,6 +34,7 @@ import torch
 ADAPTER_DIR = "draft_adapter"  # a stock peft adapter directory inside a draft-adapter checkpoint
 ADAPTER_NAME = "default"
 GATE_ATTR = "_bd_draft_gate"
+SERVED_ATTR = "_bd_served"  # a served model's prepared drafting path (bdcore/draft_adapter_serving.py)
 MASK_ROW = "bd_mask_row"  # the trained <|mask|> input row: a parameter of the input embedding module
 MASK_ROW_FILE = "mask_row.safetensors"
 MASK_ID_ATTR = "_bd_mask_id"
@@ -78,16 +79,16 @@ class DraftGate:
         self._rows, self._plans = value, {}
 
     def plan(self, shape: torch.Size) -> tuple[str, torch.Tensor | None, slice | None]:
-        """How a LoRA input of `shape` is gated: ("none" | "all" | "some", flat indices of its drafting rows,
-        the same rows as a slice where they are one run). Worked out once per forward and input shape: every
-        adapted projection shares it."""
+        """How a LoRA input of `shape` is gated: ("none" | "all" | "some", flat indices of its drafting rows
+        ("some", "none"), the drafting rows as a slice where they are one run ("all", "some")). Worked out once
+        per forward and input shape: every adapted projection shares it."""
         key = (tuple(shape[:-1]), self.batch_row)
         if key not in self._plans:
             rows = self._rows_for(shape[:-1])
             if not rows.any():
                 self._plans[key] = ("none", rows.reshape(-1).nonzero().squeeze(1), None)
             elif rows.all():
-                self._plans[key] = ("all", None, None)
+                self._plans[key] = ("all", None, slice(0, rows.numel()))
             else:
                 index = rows.reshape(-1).nonzero().squeeze(1)
                 first, n = int(index[0]), index.numel()
@@ -117,6 +118,14 @@ def _gated_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """A draft-only adapter's projection: the base layer at every row, plus the LoRA term at drafting rows
     only. Non-drafting rows are the base layer's output itself (no term times zero), drafting rows are what
     peft's own forward computes there (its LoRA is vanilla, without dropout: `LoraSpec`)."""
+    served = self.__dict__.get(SERVED_ATTR)
+    if served is not None and not args and not kwargs and not torch.is_grad_enabled():
+        return served(self, x)  # a served model's own path (bdcore/draft_adapter_serving.py)
+    return general_forward(self, x, *args, **kwargs)
+
+
+def general_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """`_gated_lora_forward` for every forward (training, rollouts of a live adapter) but a served one's."""
     result = self.base_layer(x, *args, **kwargs)
     kind, index, run = draft_gate(self).plan(x.shape)
     grad = torch.is_grad_enabled()
@@ -124,15 +133,6 @@ def _gated_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return result
     lora_a, lora_b = self.lora_A[ADAPTER_NAME], self.lora_B[ADAPTER_NAME]
     scale = self.scaling[ADAPTER_NAME]
-    if run is not None and not grad and lora_b.bias is None:
-        # decoding: the base output is ours to add to, in place, over a slice; two products in the factors'
-        # dtype (fp32 when served: `serve_lora_in_fp32`) and one add
-        rows, a = result.view(-1, result.shape[-1])[run], lora_a.weight
-        delta = torch.nn.functional.linear(
-            torch.nn.functional.linear(x.reshape(-1, x.shape[-1])[run].to(a.dtype), a), lora_b.weight
-        )
-        rows.add_(delta, alpha=scale)
-        return result
     x = self._cast_input_dtype(x, lora_a.weight.dtype)
     if kind == "all":
         return (result + lora_b(lora_a(x)) * scale).to(result.dtype)
@@ -321,18 +321,6 @@ def load_draft_adapter(model, directory: Path, mask_id: int):
     with torch.no_grad():
         getattr(embed, MASK_ROW).copy_(row)
     return model.requires_grad_(False)
-
-
-def serve_lora_in_fp32(model) -> None:
-    """Keep a served 16-bit model's LoRA factors in fp32. At a decode step's few drafting rows their products
-    are tiny, and a CPU's bf16 matmul pays ~15 us of overhead a call where fp32 pays ~3 (SmolLM2-135M: 210
-    adapted projections, ~20 ms a drafting forward in bf16 against a 36 ms base forward). 20 MB for
-    SmolLM2's rank-32 adapter; drafts only, so the served tokens stay the base model's."""
-    for module in model.modules():
-        if hasattr(module, "lora_A") and ADAPTER_NAME in module.lora_A:
-            for factor in (module.lora_A[ADAPTER_NAME], module.lora_B[ADAPTER_NAME]):
-                if factor.weight.dtype in (torch.bfloat16, torch.float16):
-                    factor.float()
 
 
 def _targets(config) -> str:

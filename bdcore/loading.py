@@ -22,7 +22,8 @@ from bdcore.checkpoint_files import (
     weight_files,
 )
 from bdcore.decode.speculation import read_draft_prior
-from bdcore.draft_adapter import load_draft_adapter, serve_lora_in_fp32
+from bdcore.draft_adapter import load_draft_adapter
+from bdcore.draft_adapter_serving import prepare_serving
 from bdcore.gated_delta import is_hybrid
 from bdcore.sidecar import SIDECAR_NAME, Sidecar, read_sidecar
 from bdcore.tokens import MASK_TOKEN, stop_ids, token_id
@@ -176,7 +177,7 @@ def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str 
             load_draft_adapter(model, adapter, sidecar.mask_id)
         except ValueError as e:
             raise CheckpointError(str(e)) from e
-        serve_lora_in_fp32(model)
+        prepare_serving(model)
     model = model.to(dev).eval()
     name = path.name if path.name != "final" else path.parent.name
     try:

@@ -117,16 +117,16 @@ def test_copies_keep_the_gated_forward():
 
 
 def test_a_served_bf16_model_drafts_with_fp32_factors_and_verifies_with_the_base():
-    """`serve_lora_in_fp32`: a bf16 model's LoRA factors go to fp32 (a CPU's bf16 matmul costs ~5x fp32 at a
-    decode step's few rows); drafting rows stay peft's LoRA (to bf16 rounding), the others the bf16 base
-    projection bit for bit."""
-    from bdcore.draft_adapter import serve_lora_in_fp32
+    """`prepare_serving`: a bf16 model drafts with fp32 copies of its factors (a CPU's bf16 matmul costs ~5x
+    fp32 at a decode step's few rows); drafting rows stay peft's LoRA (to bf16 rounding), the others the bf16
+    base projection bit for bit; the trained weights themselves are left as they were."""
+    from bdcore.draft_adapter_serving import prepare_serving
 
     gated, plain = _adapted(), _adapted(draft_only=False)
     gated.to(torch.bfloat16)
-    serve_lora_in_fp32(gated)
-    assert all(p.dtype == torch.float32 for n, p in gated.named_parameters() if "lora_" in n)
-    assert all(p.dtype == torch.bfloat16 for n, p in gated.named_parameters() if "base_layer" in n)
+    prepare_serving(gated)
+    assert all(p.dtype == torch.bfloat16 for p in gated.parameters())
+    assert all(g._bd_served.b.dtype == torch.float32 for g in _projections(gated))
     x = torch.randn(1, 6, gated.config.hidden_size)
     rows = torch.tensor([[False, False, True, True, True, True]])
     for g, p in zip(_projections(gated), _projections(plain)):
@@ -139,3 +139,30 @@ def test_a_served_bf16_model_drafts_with_fp32_factors_and_verifies_with_the_base
         assert got.dtype == torch.bfloat16
         assert torch.equal(got[~rows], g.base_layer(x.bfloat16())[~rows])
         torch.testing.assert_close(got[rows].float(), lora[rows], atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("last", [3, 7])
+def test_a_served_model_shares_the_products_of_one_input_and_keeps_each_projections_own(last):
+    """A whole served forward (q/k/v share one input and one A product, o_proj beside them reads another, as
+    gate/up and down do) equals the unprepared gated model's: at the drafting rows to rounding, at the others
+    bit for bit. A shared product reused for a projection that reads another input, or columns taken from the
+    wrong member, would be off by the size of the LoRA term."""
+    from bdcore.draft_adapter_serving import prepare_serving
+
+    gated = _adapted()
+    served = copy.deepcopy(gated)
+    prepare_serving(served)
+    groups = {id(g._bd_served.group) for g in _projections(served)}
+    assert len(groups) < len(_projections(served))  # some projections do share a product
+    ids = torch.randint(0, 90, (1, 8))
+    rows = torch.zeros_like(ids, dtype=torch.bool)
+    rows[0, 8 - last :] = True
+    with torch.inference_mode(), draft_rows(gated, rows):
+        want = gated(input_ids=ids).logits
+    with torch.inference_mode(), draft_rows(served, rows):
+        got = served(input_ids=ids).logits
+    with torch.inference_mode(), draft_rows(gated, torch.zeros_like(rows)):
+        base = gated(input_ids=ids).logits
+    assert not torch.allclose(want[rows], base[rows], atol=1e-3)  # the adapter does act at drafting rows
+    torch.testing.assert_close(got[rows], want[rows], atol=1e-4, rtol=1e-4)
+    assert torch.equal(got[~rows], want[~rows])

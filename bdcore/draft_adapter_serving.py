@@ -1,0 +1,130 @@
+"""A frozen draft adapter's fast path for serving (`prepare_serving`): what a decode step pays for drafting.
+
+A decode step drafts a few rows, where the adapter's cost is a count of calls rather than their size:
+SmolLM2-135M has 210 adapted projections, and at a few rows each of its torch calls costs microseconds of
+dispatch whatever it computes (a drafting forward paid ~13 ms over a ~40 ms base forward in session 43).
+So a served projection:
+- runs its base weight with `F.linear` itself (no wrapper module call);
+- keeps the factors of a 16-bit model in fp32 (a CPU's bf16 matmul pays ~15 us a call at a few rows, fp32
+  ~3; drafts only, the served tokens stay the base model's);
+- keeps B as (scaling * B)^T, contiguous, so one `mm` and one in-place add over the slice of drafting rows
+  finish it;
+- shares one A product with the projections that read the same input (`_InputGroup`: q/k/v, gate/up).
+
+The rows and their meaning are `bdcore.draft_adapter`'s (`DraftGate.plan`): non-drafting rows are the base
+projection's output bit for bit, drafting rows peft's LoRA to rounding. Anything this path does not cover
+(gradients, drafting rows that are not one run) goes through the adapter's general forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from bdcore.draft_adapter import ADAPTER_NAME, SERVED_ATTR, draft_gate, draft_rows, general_forward
+
+
+class _InputGroup:
+    """The adapted projections that read the same input (q/k/v, gate/up; `_shared_inputs`): their A factors
+    side by side, so that a drafting forward computes one low-rank product for them all. The product is reused
+    only for the very tensor it was computed from (inference tensors keep no version counter; a layer's input
+    is not written between its projections): a member handed another input computes it afresh."""
+
+    def __init__(self, a: torch.Tensor):
+        self.a = a  # [in, sum of ranks]
+        self._x, self._run, self._h = None, None, None
+
+    def product(self, x: torch.Tensor, run: slice) -> torch.Tensor:
+        if self._x is not x or self._run != run:
+            self._h = torch.mm(x.view(-1, x.shape[-1])[run].to(self.a.dtype), self.a)
+            self._x, self._run = x, run  # holding x: no other tensor can take its identity meanwhile
+        return self._h
+
+
+class _ServedProjection:
+    """One adapted projection's served forward (`_gated_lora_forward` hands it the call)."""
+
+    def __init__(self, module, group: _InputGroup, columns: slice, b: torch.Tensor):
+        self.weight, self.bias = module.base_layer.weight, module.base_layer.bias
+        self.group, self.columns, self.b = group, columns, b
+
+    def __call__(self, module, x: torch.Tensor) -> torch.Tensor:
+        result = F.linear(x, self.weight, self.bias)
+        kind, index, run = draft_gate(module).plan(x.shape)
+        if kind == "none":
+            return result
+        if run is None or not x.is_contiguous():  # a batch's scattered drafting rows: the general path
+            return general_forward(module, x)
+        rows = result.view(-1, result.shape[-1])[run]
+        rows.add_(torch.mm(self.group.product(x, run)[:, self.columns], self.b))
+        return result
+
+
+def prepare_serving(model, factor_dtype: torch.dtype | None = None) -> None:
+    """Give every adapted projection of a frozen draft-adapter model its served path (see the module doc). The
+    trained weights are left as they are, so the adapter still saves and merges as peft's; call it again after
+    they change. `factor_dtype`: the factors' dtype on that path (default: fp32 for a 16-bit model)."""
+    adapted = [
+        m
+        for m in model.modules()
+        if hasattr(m, "lora_A") and ADAPTER_NAME in m.lora_A and draft_gate(m) is not None
+        and type(getattr(m, "base_layer", None)) is torch.nn.Linear and m.lora_B[ADAPTER_NAME].bias is None
+    ]
+    for members in _shared_inputs(model, adapted):
+        a = [m.lora_A[ADAPTER_NAME].weight.detach() for m in members]
+        dtype = factor_dtype or (torch.float32 if a[0].dtype in (torch.bfloat16, torch.float16) else a[0].dtype)
+        group = _InputGroup(torch.cat(a).to(dtype).t().contiguous())
+        start = 0
+        for m, factor in zip(members, a):
+            b = m.lora_B[ADAPTER_NAME].weight.detach().to(dtype) * m.scaling[ADAPTER_NAME]
+            served = _ServedProjection(m, group, slice(start, start + factor.shape[0]), b.t().contiguous())
+            object.__setattr__(m, SERVED_ATTR, served)  # not a submodule: no state-dict entry
+            start += factor.shape[0]
+
+
+def truncate_adapter(model, energy: float) -> dict[str, int]:
+    """Cut every adapted projection's LoRA term to the fewest singular directions that keep `energy` of its
+    squared Frobenius norm (scaling * B @ A = U S V^T; A, B <- sqrt(S) V^T, U sqrt(S) over the kept ones, the
+    rest zero, so peft's shapes and files stay as they were). A trained adapter's terms are far from full
+    rank (SmolLM2-135M, rank 32: 8 directions keep 95-99% of the energy), and on a CPU a drafting forward pays
+    for its factors' bytes. Returns each projection's kept rank. 1.0 keeps the adapter as it is."""
+    if not 0.0 < energy <= 1.0:
+        raise ValueError(f"energy {energy}: a share of the LoRA term's energy in (0, 1]")
+    kept = {}
+    for name, m in model.named_modules():
+        if not (hasattr(m, "lora_A") and ADAPTER_NAME in m.lora_A) or energy == 1.0:
+            continue
+        a, b = m.lora_A[ADAPTER_NAME].weight, m.lora_B[ADAPTER_NAME].weight
+        u, s, vh = torch.linalg.svd(b.detach().double() @ a.detach().double(), full_matrices=False)
+        share = (s**2).cumsum(0) / (s**2).sum().clamp_min(1e-300)
+        r = min(int((share < energy).sum()) + 1, a.shape[0])
+        root = s[:r].sqrt()
+        with torch.no_grad():
+            a.zero_()[:r] = (root[:, None] * vh[:r]).to(a.dtype)
+            b.zero_()[:, :r] = (u[:, :r] * root).to(b.dtype)
+        kept[name] = r
+    return kept
+
+
+def _shared_inputs(model, adapted: list) -> list[list]:
+    """`adapted` split into the projections that read one tensor in a forward of two tokens (q/k/v; gate/up),
+    found by watching one: which projections share an input is the model's code, not their names. A projection
+    the probe does not reach (an expert no token was routed to) is a group alone."""
+    seen: dict[int, list] = {}
+    inputs = []  # kept alive, so that no two inputs share an id
+
+    def watch(module, args):
+        inputs.append(args[0])
+        seen.setdefault(id(args[0]), []).append(module)
+
+    hooks = [m.register_forward_pre_hook(watch) for m in adapted]
+    ids = torch.zeros(1, 2, dtype=torch.long, device=next(model.parameters()).device)
+    try:
+        with torch.inference_mode(), draft_rows(model, torch.zeros_like(ids, dtype=torch.bool)):
+            model(input_ids=ids, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    groups = [g for g in seen.values() if len({m.in_features for m in g}) == 1]
+    reached = {id(m) for g in groups for m in g}
+    return groups + [[m] for m in adapted if id(m) not in reached]
