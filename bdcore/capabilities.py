@@ -1,23 +1,23 @@
-"""What a checkpoint can run, decided in one place from its sidecar (docs/design.md sections 5 and 6).
+"""What a checkpoint can run: a plain value read off its sidecar and model config (docs/design.md sections 5, 6).
 
-`Sidecar.capabilities()` (`Capabilities.plain_ar()` for a checkpoint without a sidecar) answers what the
-loader, the decode settings, the trainer's rollout flags and each serving backend ask: which modes
-decode, the attention of each forward, the stop tokens, the longest draft, and what a backend serves.
-Each refusal is one sentence that names the reason and the fix, written once here.
+`Capabilities.from_sidecar(sidecar, model_config)` is the one constructor: the loader, the serve command
+builders, the SGLang and vLLM plugins and the trainer (its student mapped into a `Sidecar`) all build it
+there, so no two places can disagree about what a field means. `read_capabilities(path)` reads one off a
+checkpoint directory without its weights. What a backend serves on it is `bdcore.serving_gate`'s.
 
-Backends: "native" (this repository's engine), "sglang" and "vllm" (our algorithms in those engines);
-another backend registers its own rule with `register_backend`.
-Stdlib only at import: the SGLang plugin imports it in SGLang's own environment.
+Stdlib only at import: the SGLang and vLLM plugins import it in those engines' own environments.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from math import isqrt
+from pathlib import Path
 
-from bdcore.checkpoint_files import config_value
-from bdcore.sidecar import SIDECAR_NAME
+from bdcore.checkpoint_files import config_value, read_config
+from bdcore.sidecar import SIDECAR_NAME, Sidecar, read_sidecar
 
 MODES = ("causal", "diffusion", "self-spec")
 
@@ -44,21 +44,35 @@ class Capabilities:
     draft_adapter: bool = False  # a draft-only adapter acts at canvas rows only
     hybrid: bool | None = None  # gated-delta layers (None: the model config was not read)
     max_context: int | None = None  # max_position_embeddings (None: the model config was not read)
+    architecture: str | None = None  # config.json's architectures[0] (None: the model config was not read)
     stop_ids: frozenset[int] = frozenset()  # end-of-turn, eos, the block filler (from the tokenizer)
 
     @classmethod
-    def plain_ar(cls, *, mask_id: int | None = None, stop_ids: frozenset[int] = frozenset()) -> Capabilities:
-        return cls(mask_id=mask_id, stop_ids=stop_ids)
-
-    def with_facts(self, *, model_config=None) -> Capabilities:
-        """These capabilities with what the sidecar does not hold: whether the model (its `config.json`
-        as a dict, or an HF config) has gated-delta layers, and its context length."""
-        if model_config is None:
-            return self
-        from bdcore.gated_delta import is_hybrid
-
-        context = config_value(model_config, "max_position_embeddings")
-        return replace(self, hybrid=is_hybrid(model_config), max_context=context)
+    def from_sidecar(
+        cls,
+        sidecar: Sidecar | None,
+        model_config=None,
+        *,
+        mask_id: int | None = None,
+        stop_ids: frozenset[int] = frozenset(),
+    ) -> Capabilities:
+        """What the checkpoint with this sidecar (None: a plain AR checkpoint, no block_diffusion.json) can run.
+        `model_config` (an HF config, or config.json's dict) adds what the sidecar does not hold: gated-delta
+        layers, the context length, the architecture. `mask_id`: the tokenizer's id of <|mask|> where the
+        caller has the tokenizer (the sidecar's otherwise); `stop_ids`: the tokenizer's stop tokens."""
+        facts = {} if model_config is None else _model_facts(model_config)
+        if sidecar is None:
+            return cls(mask_id=mask_id, stop_ids=stop_ids, **facts)
+        return cls(
+            bd_size=sidecar.bd_size,
+            mask_id=sidecar.mask_id if mask_id is None else mask_id,
+            shift=sidecar.shift,
+            clean_causal=sidecar.clean_causal,
+            within_block_causal=sidecar.within_block_causal,
+            draft_adapter=sidecar.draft_adapter is not None,
+            stop_ids=stop_ids,
+            **facts,
+        )
 
     # -- modes ---------------------------------------------------------------------------------------
     @property
@@ -155,33 +169,6 @@ class Capabilities:
     def serves(self, backend: str, mode: str) -> bool:
         return self.backend_refusal(backend, mode) is None
 
-    # -- decoding ------------------------------------------------------------------------------------
-    def runner(self, model):
-        """The decode runner for this checkpoint's attention (bdcore.decode.runner)."""
-        from bdcore.decode.runner import ModelRunner
-
-        return ModelRunner(
-            model,
-            banned=self.mask_id,
-            clean_causal=self.clean_causal,
-            within_block_causal=self.within_block_causal,
-        )
-
-    def sequence(self, prompt_ids, params, generator, out):
-        """A request's `Sequence` on this checkpoint: its mask ban, stop tokens and clean-stream attention."""
-        from bdcore.decode.sequence import Sequence
-
-        return Sequence(
-            list(prompt_ids),
-            params,
-            generator,
-            out,
-            self.mask_id,
-            self.stop_ids,
-            block_causal=not self.clean_causal,
-            shift=self.shift,
-        )
-
 
 def _native(caps: Capabilities, mode: str) -> str | None:
     return caps.mode_refusal(mode)
@@ -239,3 +226,28 @@ BACKENDS: dict[str, Callable[[Capabilities, str], str | None]] = {"native": _nat
 def register_backend(name: str, refusal: Callable[[Capabilities, str], str | None]) -> None:
     """Add a serving backend's rule: `refusal(caps, mode)` says why it cannot serve, or None."""
     BACKENDS[name] = refusal
+
+
+def _model_facts(model_config) -> dict:
+    from bdcore.gated_delta import is_hybrid  # imports torch: only where a model config is read
+
+    architectures = config_value(model_config, "architectures") or [None]
+    return dict(
+        hybrid=is_hybrid(model_config),
+        max_context=config_value(model_config, "max_position_embeddings"),
+        architecture=architectures[0],
+    )
+
+
+def read_capabilities(path: str | os.PathLike) -> Capabilities | None:
+    """What the checkpoint at `path` can decode, read off its sidecar and config.json alone (no weights, no
+    tokenizer: stop ids are not filled in), so settings are checked before a long load; None: not a model
+    directory (`bdcore.loading.load_checkpoint` says why)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        return None
+    if not (path / SIDECAR_NAME).is_file():
+        return Capabilities.from_sidecar(None)
+    config, sidecar = read_config(path), read_sidecar(path)  # a malformed file: one line naming it
+    sidecar.check_model(config)  # a size the model cannot hold is the sidecar's fault, not a flag's
+    return Capabilities.from_sidecar(sidecar, config)

@@ -17,7 +17,6 @@ from bdcore.checkpoint_files import (
     check_model_dir,
     first_line,
     missing_tokenizer,
-    read_config,
     safetensors_header,
     weight_files,
 )
@@ -41,7 +40,7 @@ class LoadedModel:
     name: str
     path: Path | None = None  # where it was loaded from (the forward-cost measurement is cached per checkpoint)
     draft_prior: list[float] | None = None  # self-spec acceptance per draft, from the checkpoint's draft_quality.json
-    capabilities: Capabilities = field(default_factory=Capabilities.plain_ar)  # what it can run
+    capabilities: Capabilities = field(default_factory=lambda: Capabilities.from_sidecar(None))  # what it can run
 
     def check_mode(self, mode: str) -> None:
         self.capabilities.check_mode(mode, CheckpointError)
@@ -87,20 +86,6 @@ def serving_dtype(name: str, device: str | torch.device) -> str:
         return name
     device = torch.device(device)
     return "bf16" if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else "fp32"
-
-
-def read_capabilities(path: str | os.PathLike) -> Capabilities | None:
-    """What the checkpoint at `path` can decode, read off its sidecar and config.json alone (no weights, no
-    tokenizer: stop ids and mask id are not filled in), so settings are checked before a long load; None:
-    not a model directory (`load_checkpoint` says why)."""
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        return None
-    if not (path / SIDECAR_NAME).is_file():
-        return Capabilities.plain_ar()
-    config, sidecar = read_config(path), read_sidecar(path)  # a malformed file: one line naming it
-    sidecar.check_model(config)  # a size the model cannot hold is the sidecar's fault, not a flag's
-    return sidecar.capabilities(model_config=config)
 
 
 def load_tokenizer(path: Path, **kwargs) -> PreTrainedTokenizerBase:
@@ -184,8 +169,5 @@ def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str 
     except ValueError as e:
         raise CheckpointError(str(e)) from e
     mask_id, stops = token_id(tok, MASK_TOKEN), stop_ids(tok)
-    if sidecar is None:
-        caps = Capabilities.plain_ar(mask_id=mask_id, stop_ids=stops)
-    else:
-        caps = sidecar.capabilities(mask_id=mask_id, stop_ids=stops, model_config=model.config)
+    caps = Capabilities.from_sidecar(sidecar, model.config, mask_id=mask_id, stop_ids=stops)
     return LoadedModel(model, tok, sidecar, mask_id, stops, name, path, prior, caps)

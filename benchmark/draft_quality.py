@@ -27,6 +27,7 @@ def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, 
     from tqdm import tqdm
 
     from bdcore.decode.draft_quality import draft_quality
+    from bdcore.decode.runner import ModelRunner
     from bdcore.loading import CheckpointError, load_checkpoint
     from bdcore.tokens import end_of_turn_id
     from train.data import heldout_answers
@@ -41,7 +42,7 @@ def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, 
     if not 2 <= N <= longest:
         raise SystemExit(f"draft_quality: --draft-len {N} must lie in [2, the checkpoint's bd_size {longest}]")
     samples = heldout_answers(str(data), loaded.tokenizer, end_of_turn_id(loaded.tokenizer), limit=limit)
-    runner = loaded.capabilities.runner(loaded.model)
+    runner = ModelRunner.for_checkpoint(loaded.model, loaded.capabilities)
     t0 = time.perf_counter()
     with tqdm(total=len(samples), desc="draft quality", unit=" answers", dynamic_ncols=True) as bar:
         quality = draft_quality(

@@ -314,7 +314,7 @@ def decode_refusal(model: str, decode) -> str | None:
     """What is wrong with the decode settings, read off the checkpoint's sidecar before its weights load.
     Every mode a request may pick is checked, not only --mode: each request resolves the settings anew,
     and a setting found bad there would be a 500 for every request."""
-    from bdcore.loading import read_capabilities
+    from bdcore.capabilities import read_capabilities
 
     caps = read_capabilities(model)
     if caps is None:

@@ -57,7 +57,7 @@ class DecodeConfig:
 
     def resolve(self, caps: Capabilities) -> ResolvedDecode:
         """Fill the defaults from the checkpoint's trained block size and check the settings against what
-        it can run (`caps`: its sidecar's capabilities, or `Capabilities.plain_ar()`)."""
+        it can run (`caps`: `Capabilities.from_sidecar`)."""
         caps.check_mode(self.mode, DecodeSettingsError)
         bd = caps.max_draft_len
         block = self.block_size or bd

@@ -16,8 +16,9 @@ from bdcore.decode.config import AUTO, DecodeConfig, ResolvedDecode
 from bdcore.decode.cost import RowCost, calibrate, load_or_calibrate
 from bdcore.decode.driver import DecodeDriver, DecodeLoop, Speculation
 from bdcore.decode.modes import Decoder, make_decoder
+from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.sequence import AnswerTokens, DecodeStats, TokenLogprob
+from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, TokenLogprob
 from bdcore.loading import LoadedModel
 
 __all__ = ["Cancelled", "DecodeConfig", "Engine", "Generation", "TextOutput"]
@@ -102,7 +103,7 @@ class Engine:
         # The default settings are every request's unless it picks a mode: check them now, so that a bad one
         # (a block longer than the context) stops the server at start rather than failing each request.
         self._resolve(self.decode)
-        self.runner = loaded.capabilities.runner(loaded.model)
+        self.runner = ModelRunner.for_checkpoint(loaded.model, loaded.capabilities)
         self.runner.serving_only = True  # nothing trains the engine's model: its forwards run in inference mode
         self.driver = DecodeDriver(self.runner, Speculation(cost, prior=loaded.draft_prior) if cost else None)
         self._calibrating = threading.Lock()
@@ -143,7 +144,9 @@ class Engine:
         out = TextOutput(
             self.loaded.tokenizer, params, self.loaded.stop_ids, DecodeStats(), on_text, cancel, on_logprobs
         )
-        decoder = make_decoder(resolved, self.loaded.capabilities.sequence(prompt_ids, params, gen, out))
+        decoder = make_decoder(
+            resolved, Sequence.for_checkpoint(self.loaded.capabilities, prompt_ids, params, gen, out)
+        )
         if (auto := resolved.auto_draft()) is not None:
             self.speculation().attach(decoder, auto)
         return decoder, out

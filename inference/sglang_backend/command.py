@@ -203,6 +203,7 @@ def bdstack_settings(
 ):
     """The `--dllm-algorithm-config` of our algorithm for `mode`, read off the checkpoint (its sidecar and
     tokenizer, loaded in our environment so the SGLang side needs neither transformers pins nor our code)."""
+    from bdcore.capabilities import Capabilities
     from bdcore.decode.config import DecodeConfig
     from bdcore.loading import check_checkpoint
     from bdcore.sidecar import SIDECAR_NAME
@@ -215,7 +216,7 @@ def bdstack_settings(
     if not (model_dir / SIDECAR_NAME).is_file():
         raise ValueError(f"{model_dir} has no {SIDECAR_NAME}: --mode {mode} needs a bdstack checkpoint directory")
     model_config, tok, sidecar = check_checkpoint(model_dir)
-    caps = sidecar.capabilities(stop_ids=stop_ids(tok), model_config=model_config)
+    caps = Capabilities.from_sidecar(sidecar, model_config, stop_ids=stop_ids(tok))
     if (why := caps.backend_refusal("sglang", mode)) is not None:
         raise ValueError(why)
     eot = end_of_turn_id(tok)

@@ -28,6 +28,7 @@ import json
 import logging
 from pathlib import Path
 
+from bdcore.capabilities import Capabilities
 from bdcore.sidecar import SIDECAR_NAME, read_sidecar
 from inference.sglang_backend.algorithms import SelfSpec, ShiftedDiffusion
 from inference.sglang_backend.settings import ALGORITHMS, DIFFUSION, SELF_SPEC, DecodeSettings
@@ -70,7 +71,7 @@ def load_settings(model_path: str, algorithm: str, config_path: str | None) -> D
         raise PluginError(f"{config_path}: mask_id {settings.mask_id}, but the checkpoint's is {sidecar.mask_id}")
     if sidecar.within_block_causal != settings.within_block_causal:
         raise PluginError(f"{config_path}: within_block_causal disagrees with the checkpoint's sidecar")
-    caps = sidecar.capabilities(model_config=json.loads((directory / "config.json").read_text()))
+    caps = Capabilities.from_sidecar(sidecar, json.loads((directory / "config.json").read_text()))
     mode = MODE_OF[algorithm]
     if (why := caps.backend_refusal("sglang", mode)) is not None:
         raise PluginError(why)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bdcore.capabilities import Capabilities
 from bdcore.sidecar import SIDECAR_NAME, read_sidecar
 
 
@@ -21,7 +22,7 @@ def refusal(model_dir: str | Path, mode: str) -> str | None:
         return f"{model_dir} has no {SIDECAR_NAME}: --mode {mode} needs a bdstack checkpoint directory"
     config = model_dir / "config.json"
     model_config = json.loads(config.read_text()) if config.is_file() else None
-    why = read_sidecar(model_dir).capabilities(model_config=model_config).backend_refusal("vllm", mode)
+    why = Capabilities.from_sidecar(read_sidecar(model_dir), model_config).backend_refusal("vllm", mode)
     if why is not None:
         return why
     from inference.vllm_backend.command import ARCHITECTURES

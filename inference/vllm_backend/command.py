@@ -129,6 +129,7 @@ def bdstack_settings(
     draft_len: int | None = None,
 ):
     """The plugin's settings for `mode`, read off the checkpoint (sidecar and tokenizer, in our environment)."""
+    from bdcore.capabilities import Capabilities
     from bdcore.decode.config import DecodeConfig
     from bdcore.loading import check_checkpoint
     from bdcore.sidecar import SIDECAR_NAME
@@ -155,7 +156,7 @@ def bdstack_settings(
             f"vLLM would not stop at end-of-turn (token {eot}): it stops at generation_config.json's eos_token_id "
             "and the tokenizer's eos; add the end-of-turn id to generation_config.json's eos_token_id"
         )
-    caps = sidecar.capabilities(mask_id=sidecar.mask_id, model_config=model_config)  # the context bounds the canvas
+    caps = Capabilities.from_sidecar(sidecar, model_config)  # the context bounds the canvas
     resolved = DecodeConfig(
         mode=mode, block_size=block_size, threshold=threshold, steps=steps, draft_len=draft_len
     ).resolve(caps)

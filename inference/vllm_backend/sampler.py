@@ -27,6 +27,7 @@ from bdcore.decode.modes import Decoder, SelfSpecDecoder, make_decoder
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence
 from bdcore.decode.speculation import Layout
+from bdcore.sidecar import Sidecar
 from inference.vllm_backend.masks import AttentionSpec, ranges_for
 from inference.vllm_backend.settings import VllmDecodeSettings
 
@@ -104,7 +105,9 @@ class RequestDecoder:
             mode=s.mode, block_size=block, threshold=s.threshold, steps=s.steps, draft_len=draft, fuse_commit=False
         )
         # The settings were resolved against the checkpoint when the command was built; `size` is its canvas.
-        caps = Capabilities(bd_size=s.size, mask_id=s.mask_id, within_block_causal=s.within_block_causal)
+        caps = Capabilities.from_sidecar(
+            Sidecar(bd_size=s.size, mask_id=s.mask_id, within_block_causal=s.within_block_causal)
+        )
         return config.resolve(caps)
 
     @property
