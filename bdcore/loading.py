@@ -20,9 +20,10 @@ from bdcore.checkpoint_files import (
     safetensors_header,
     weight_files,
 )
+from bdcore.decode.config import DecodeConfig
 from bdcore.decode.speculation import read_draft_prior
 from bdcore.draft_adapter import load_draft_adapter, serve_lora_in_fp32
-from bdcore.gated_delta import is_hybrid
+from bdcore.serving_gate import resolve
 from bdcore.sidecar import SIDECAR_NAME, Sidecar, read_sidecar
 from bdcore.tokens import MASK_TOKEN, stop_ids, token_id
 
@@ -41,26 +42,6 @@ class LoadedModel:
     path: Path | None = None  # where it was loaded from (the forward-cost measurement is cached per checkpoint)
     draft_prior: list[float] | None = None  # self-spec acceptance per draft, from the checkpoint's draft_quality.json
     capabilities: Capabilities = field(default_factory=lambda: Capabilities.from_sidecar(None))  # what it can run
-
-    def check_mode(self, mode: str) -> None:
-        self.capabilities.check_mode(mode, CheckpointError)
-
-
-def check_decodable(sidecar: Sidecar, path, model_config=None) -> None:
-    """Refuse a checkpoint whose training semantics this engine does not decode."""
-    if sidecar.shift:
-        return
-    if sidecar.clean_causal:
-        raise CheckpointError(
-            f"{path / SIDECAR_NAME} says shift: false with clean_causal: true; an unshifted (single-stream) "
-            "checkpoint sees its blocks both ways (clean_causal: false), so this pair matches no training run: "
-            "fix the sidecar or re-export the checkpoint with train.py"
-        )
-    if model_config is not None and is_hybrid(model_config):
-        raise CheckpointError(
-            f"{path} is an unshifted (single-stream) checkpoint of a gated-delta hybrid; train.py writes none "
-            "and the engine does not decode one"
-        )
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -144,8 +125,9 @@ def check_checkpoint(path: str | os.PathLike) -> tuple[dict, PreTrainedTokenizer
 def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
     path = Path(path)
     config, tok, sidecar = check_checkpoint(path)
-    if sidecar is not None:
-        check_decodable(sidecar, path, config)
+    # Every checkpoint the engine decodes at all decodes causally: asking the gate for causal mode refuses,
+    # before the weights load, the ones it decodes in no mode (an unshifted sidecar no training run writes).
+    resolve(Capabilities.from_sidecar(sidecar, config), DecodeConfig(mode="causal"), "native")
     dev = torch.device(device)
     model = load_weights(path, dtype=resolve_dtype(dtype, dev), attn_implementation="sdpa")
     if sidecar is not None and sidecar.draft_adapter is not None:

@@ -26,16 +26,18 @@ from pathlib import Path
 def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, max_rows: int, serve: bool) -> dict:
     from tqdm import tqdm
 
+    from bdcore.decode.config import DecodeConfig
     from bdcore.decode.draft_quality import draft_quality
     from bdcore.decode.runner import ModelRunner
-    from bdcore.loading import CheckpointError, load_checkpoint
+    from bdcore.loading import load_checkpoint
+    from bdcore.serving_gate import CannotServe, resolve
     from bdcore.tokens import end_of_turn_id
     from train.data import heldout_answers
 
     loaded = load_checkpoint(checkpoint)
     try:
-        loaded.check_mode("self-spec")
-    except CheckpointError as e:
+        resolve(loaded.capabilities, DecodeConfig(mode="self-spec"), "native")
+    except CannotServe as e:
         raise SystemExit(f"draft_quality: {checkpoint} cannot draft for self-spec: {e}") from e
     longest = loaded.capabilities.max_draft_len
     N = draft_len or longest

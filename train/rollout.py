@@ -33,6 +33,7 @@ from bdcore.decode.rows import Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, SequenceCache
+from bdcore.serving_gate import resolve
 
 
 @dataclass
@@ -95,7 +96,7 @@ def rollout(
     try:
         runner = ModelRunner.for_checkpoint(model, caps)
         loop = DecodeLoop(DecodeDriver(runner))
-        resolved = decode.resolve(caps)
+        resolved = resolve(caps, decode, "native")  # the native engine's decoders, as the server runs them
         decoders, sinks = [], []
         for i, prompt in enumerate(prompts):
             sink = AnswerTokens(caps.stop_ids, params.max_tokens, DecodeStats())

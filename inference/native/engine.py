@@ -20,6 +20,7 @@ from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, TokenLogprob
 from bdcore.loading import LoadedModel
+from bdcore.serving_gate import resolve
 
 __all__ = ["Cancelled", "DecodeConfig", "Engine", "Generation", "TextOutput"]
 
@@ -99,10 +100,10 @@ class Engine:
         this model and device at the first such request, or now when `decode` is auto; cached on disk)."""
         self.loaded = loaded
         self.decode = decode or DecodeConfig()
-        loaded.check_mode(self.decode.mode)
-        # The default settings are every request's unless it picks a mode: check them now, so that a bad one
-        # (a block longer than the context) stops the server at start rather than failing each request.
-        self._resolve(self.decode)
+        # The default settings are every request's unless it picks a mode: resolve them now, so that a bad one
+        # (a mode the checkpoint lacks, a block longer than the context) stops the server at start rather than
+        # failing each request.
+        self.default_resolved = self._resolve(self.decode)
         self.runner = ModelRunner.for_checkpoint(loaded.model, loaded.capabilities)
         self.runner.serving_only = True  # nothing trains the engine's model: its forwards run in inference mode
         self.driver = DecodeDriver(self.runner, Speculation(cost, prior=loaded.draft_prior) if cost else None)
@@ -122,13 +123,13 @@ class Engine:
             return self.driver.speculation
 
     def _resolve(self, decode: DecodeConfig) -> ResolvedDecode:
-        return decode.resolve(self.loaded.capabilities)
+        return resolve(self.loaded.capabilities, decode, "native")
 
     def start(
         self,
         prompt_ids,
         params: SamplingParams,
-        decode: DecodeConfig | None = None,
+        decode: DecodeConfig | ResolvedDecode | None = None,
         *,
         on_text=None,
         cancel=None,
@@ -138,8 +139,10 @@ class Engine:
         `on_text(delta)` streams text as it is committed, `on_logprobs(entries)` the answer tokens'
         log-probabilities (with `params.logprobs`) just before; setting `cancel` (a threading.Event) stops
         the request with `Cancelled` at its next emitted tokens."""
-        decode = decode or self.decode
-        resolved = self._resolve(decode)  # refuses a mode the checkpoint cannot run, as the loader words it
+        if isinstance(decode, ResolvedDecode):  # the server resolved it when it read the request: one check a request
+            resolved = decode
+        else:
+            resolved = self.default_resolved if decode is None else self._resolve(decode)
         gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
         out = TextOutput(
             self.loaded.tokenizer, params, self.loaded.stop_ids, DecodeStats(), on_text, cancel, on_logprobs
