@@ -131,7 +131,10 @@ def _outside_native(caps: Capabilities, mode: str, engine: str) -> str | None:
     if not caps.clean_causal:
         return f"{engine} encodes committed tokens causally; checkpoints with clean_causal: false need --backend native"
     if not caps.shift:
-        return f"the checkpoint is unshifted (shift: false); our {engine} algorithms decode shifted ones"
+        return (
+            f"the checkpoint is unshifted (shift: false); our {engine} algorithms decode shifted ones: serve it with "
+            "--backend native"
+        )
     return None
 
 
