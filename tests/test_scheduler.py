@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from bdcore.decode.driver import DecodeLoop
-from bdcore.decode.modes import Forward
-from bdcore.decode.rows import Rows
+from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import SequenceCache

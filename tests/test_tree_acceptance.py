@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from bdcore.decode.draft_quality import draft_quality, rank_among
-from bdcore.decode.modes import Forward
-from bdcore.decode.rows import Rows
+from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sequence import SequenceCache
 from bdcore.decode.tree_acceptance import (

@@ -28,8 +28,8 @@ import torch
 from bdcore.capabilities import Capabilities
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.driver import DecodeDriver, DecodeLoop
-from bdcore.decode.modes import CommitStep, DiffusionDecoder, Forward, make_decoder
-from bdcore.decode.rows import Rows
+from bdcore.decode.modes import CommitStep, DiffusionDecoder, make_decoder
+from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, SequenceCache

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bdcore.decode.gated_delta_layers import DecodePlan, patch_for_decode
-from bdcore.decode.modes import Forward
-from bdcore.decode.rows import CANVAS_STREAM, decode_mask
+from bdcore.decode.rows import CANVAS_STREAM, Forward, decode_mask
 from bdcore.decode.sequence import SequenceCache
 from bdcore.draft_adapter import draft_rows
 from bdcore.gated_delta import is_hybrid
