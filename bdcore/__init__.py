@@ -1,8 +1,9 @@
 """Semantics shared by `train/` and `inference/`, which never import each other (tests/test_layering.py).
 
 - `sidecar.py`: the one definition of `block_diffusion.json` (docs/design.md section 5);
-- `capabilities.py`: what a checkpoint can run, from its sidecar: modes, attention, stop ids, draft
-  limit, what each serving backend serves; `loading.py`: load a checkpoint to decode it;
+- `capabilities.py`: what a checkpoint is, read off its sidecar and config by one constructor;
+  `serving_gate.py`: what each serving backend serves on it, with which settings (`resolve`, the one
+  gate); `loading.py`: load a checkpoint to decode it;
 - `checkpoint_files.py`: cheap checks of a model directory's files (config, safetensors headers) that
   every loader runs before transformers reads them;
 - `attention_rule.py`: the one definition of who attends to whom (docs/design.md section 3), used by the

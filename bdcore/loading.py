@@ -17,14 +17,14 @@ from bdcore.checkpoint_files import (
     check_model_dir,
     first_line,
     missing_tokenizer,
-    read_config,
     safetensors_header,
     weight_files,
 )
+from bdcore.decode.config import DecodeConfig
 from bdcore.decode.speculation import read_draft_prior
 from bdcore.draft_adapter import load_draft_adapter
 from bdcore.draft_adapter_serving import prepare_serving
-from bdcore.gated_delta import is_hybrid
+from bdcore.serving_gate import resolve
 from bdcore.sidecar import SIDECAR_NAME, Sidecar, read_sidecar
 from bdcore.tokens import MASK_TOKEN, stop_ids, token_id
 
@@ -42,27 +42,7 @@ class LoadedModel:
     name: str
     path: Path | None = None  # where it was loaded from (the forward-cost measurement is cached per checkpoint)
     draft_prior: list[float] | None = None  # self-spec acceptance per draft, from the checkpoint's draft_quality.json
-    capabilities: Capabilities = field(default_factory=Capabilities.plain_ar)  # what it can run
-
-    def check_mode(self, mode: str) -> None:
-        self.capabilities.check_mode(mode, CheckpointError)
-
-
-def check_decodable(sidecar: Sidecar, path, model_config=None) -> None:
-    """Refuse a checkpoint whose training semantics this engine does not decode."""
-    if sidecar.shift:
-        return
-    if sidecar.clean_causal:
-        raise CheckpointError(
-            f"{path / SIDECAR_NAME} says shift: false with clean_causal: true; an unshifted (single-stream) "
-            "checkpoint sees its blocks both ways (clean_causal: false), so this pair matches no training run: "
-            "fix the sidecar or re-export the checkpoint with train.py"
-        )
-    if model_config is not None and is_hybrid(model_config):
-        raise CheckpointError(
-            f"{path} is an unshifted (single-stream) checkpoint of a gated-delta hybrid; train.py writes none "
-            "and the engine does not decode one"
-        )
+    capabilities: Capabilities = field(default_factory=lambda: Capabilities.from_sidecar(None))  # what it can run
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -88,20 +68,6 @@ def serving_dtype(name: str, device: str | torch.device) -> str:
         return name
     device = torch.device(device)
     return "bf16" if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else "fp32"
-
-
-def read_capabilities(path: str | os.PathLike) -> Capabilities | None:
-    """What the checkpoint at `path` can decode, read off its sidecar and config.json alone (no weights, no
-    tokenizer: stop ids and mask id are not filled in), so settings are checked before a long load; None:
-    not a model directory (`load_checkpoint` says why)."""
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        return None
-    if not (path / SIDECAR_NAME).is_file():
-        return Capabilities.plain_ar()
-    config, sidecar = read_config(path), read_sidecar(path)  # a malformed file: one line naming it
-    sidecar.check_model(config)  # a size the model cannot hold is the sidecar's fault, not a flag's
-    return sidecar.capabilities(model_config=config)
 
 
 def load_tokenizer(path: Path, **kwargs) -> PreTrainedTokenizerBase:
@@ -160,8 +126,9 @@ def check_checkpoint(path: str | os.PathLike) -> tuple[dict, PreTrainedTokenizer
 def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
     path = Path(path)
     config, tok, sidecar = check_checkpoint(path)
-    if sidecar is not None:
-        check_decodable(sidecar, path, config)
+    # Every checkpoint the engine decodes at all decodes causally: asking the gate for causal mode refuses,
+    # before the weights load, the ones it decodes in no mode (an unshifted sidecar no training run writes).
+    resolve(Capabilities.from_sidecar(sidecar, config), DecodeConfig(mode="causal"), "native")
     dev = torch.device(device)
     model = load_weights(path, dtype=resolve_dtype(dtype, dev), attn_implementation="sdpa")
     if sidecar is not None and sidecar.draft_adapter is not None:
@@ -185,8 +152,5 @@ def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str 
     except ValueError as e:
         raise CheckpointError(str(e)) from e
     mask_id, stops = token_id(tok, MASK_TOKEN), stop_ids(tok)
-    if sidecar is None:
-        caps = Capabilities.plain_ar(mask_id=mask_id, stop_ids=stops)
-    else:
-        caps = sidecar.capabilities(mask_id=mask_id, stop_ids=stops, model_config=model.config)
+    caps = Capabilities.from_sidecar(sidecar, model.config, mask_id=mask_id, stop_ids=stops)
     return LoadedModel(model, tok, sidecar, mask_id, stops, name, path, prior, caps)

@@ -103,22 +103,6 @@ class Sidecar:
             )
         return sc
 
-    def capabilities(self, *, mask_id: int | None = None, stop_ids: frozenset[int] = frozenset(), model_config=None):
-        """What this checkpoint can run (bdcore/capabilities.py), with the tokenizer's stop tokens and, from
-        `model_config`, whether it is a gated-delta hybrid."""
-        from bdcore.capabilities import Capabilities
-
-        caps = Capabilities(
-            bd_size=self.bd_size,
-            mask_id=self.mask_id if mask_id is None else mask_id,
-            shift=self.shift,
-            clean_causal=self.clean_causal,
-            within_block_causal=self.within_block_causal,
-            draft_adapter=self.draft_adapter is not None,
-            stop_ids=stop_ids,
-        )
-        return caps.with_facts(model_config=model_config)
-
     def check_model(self, model_config) -> None:
         """Reject sizes the model cannot hold (`model_config`: an HF config, or config.json's dict): a block
         longer than its context (a canvas of bd_size rows is allocated per request, so a huge one is an

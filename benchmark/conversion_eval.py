@@ -28,6 +28,7 @@ from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
 from bdcore.draft_adapter import draft_rows
 from bdcore.scoring import exact_match
+from bdcore.serving_gate import served_modes
 
 
 @dataclass
@@ -140,7 +141,7 @@ def evaluate(checkpoint: Path, heldout: Heldout, *, max_tokens: int, threshold: 
         stock_greedy(loaded.model, ids, max_tokens=max_tokens, stop_ids=loaded.stop_ids, banned=loaded.mask_id)
         for ids in heldout.prompt_ids
     ]
-    for mode in loaded.capabilities.modes:  # a plain AR base: causal only
+    for mode in served_modes(loaded.capabilities, "native"):  # a plain AR base: causal only
         engine = Engine(loaded, DecodeConfig(mode=mode, threshold=threshold))
         outs, start = [], time.perf_counter()
         for ids in heldout.prompt_ids:

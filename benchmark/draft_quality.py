@@ -26,22 +26,25 @@ from pathlib import Path
 def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, max_rows: int, serve: bool) -> dict:
     from tqdm import tqdm
 
+    from bdcore.decode.config import DecodeConfig
     from bdcore.decode.draft_quality import draft_quality
-    from bdcore.loading import CheckpointError, load_checkpoint
+    from bdcore.decode.runner import ModelRunner
+    from bdcore.loading import load_checkpoint
+    from bdcore.serving_gate import CannotServe, resolve
     from bdcore.tokens import end_of_turn_id
     from train.data import heldout_answers
 
     loaded = load_checkpoint(checkpoint)
     try:
-        loaded.check_mode("self-spec")
-    except CheckpointError as e:
+        resolve(loaded.capabilities, DecodeConfig(mode="self-spec"), "native")
+    except CannotServe as e:
         raise SystemExit(f"draft_quality: {checkpoint} cannot draft for self-spec: {e}") from e
     longest = loaded.capabilities.max_draft_len
     N = draft_len or longest
     if not 2 <= N <= longest:
         raise SystemExit(f"draft_quality: --draft-len {N} must lie in [2, the checkpoint's bd_size {longest}]")
     samples = heldout_answers(str(data), loaded.tokenizer, end_of_turn_id(loaded.tokenizer), limit=limit)
-    runner = loaded.capabilities.runner(loaded.model)
+    runner = ModelRunner.for_checkpoint(loaded.model, loaded.capabilities)
     t0 = time.perf_counter()
     with tqdm(total=len(samples), desc="draft quality", unit=" answers", dynamic_ncols=True) as bar:
         quality = draft_quality(

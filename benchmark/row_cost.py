@@ -25,12 +25,13 @@ from pathlib import Path
 
 def measure(checkpoint: str, dtypes: list[str], *, context: int, repeats: int, sizes) -> dict[str, dict[int, float]]:
     from bdcore.decode.cost import calibrate
+    from bdcore.decode.runner import ModelRunner
     from bdcore.loading import load_checkpoint
 
     curves = {}
     for dtype in dtypes:
         loaded = load_checkpoint(checkpoint, dtype=dtype)
-        runner = loaded.capabilities.runner(loaded.model)
+        runner = ModelRunner.for_checkpoint(loaded.model, loaded.capabilities)
         curves[dtype] = calibrate(runner, sizes=sizes, context=context, repeats=repeats).points
         del loaded, runner
     return curves

@@ -31,8 +31,9 @@ import torch
 from bdcore.chat import chat_ids
 from bdcore.decode.driver import DecodeDriver, DecodeLoop
 from bdcore.decode.modes import CausalDecoder
+from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.sequence import AnswerTokens, DecodeStats
+from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence
 from bdcore.tokens import end_of_turn_id
 
 
@@ -138,13 +139,15 @@ def distill(loaded, records: list[dict], out_path: Path, args, *, progress: bool
     t0 = time.perf_counter()
     with open(out_path, "w", encoding="utf-8") as out:
         pending = list(reversed(requests))
-        loop: DecodeLoop[Request] = DecodeLoop(DecodeDriver(caps.runner(loaded.model)), args.batch)
+        loop: DecodeLoop[Request] = DecodeLoop(DecodeDriver(ModelRunner.for_checkpoint(loaded.model, caps)), args.batch)
         while pending or loop.active:
             while pending and loop.room:
                 r = pending.pop()
                 sink = AnswerTokens(caps.stop_ids, args.max_new_tokens, DecodeStats())
                 gen = torch.Generator().manual_seed(r.seed if r.seed is not None else 0)
-                r.decoder = CausalDecoder(caps.sequence(r.ids, SamplingParams(**params, seed=r.seed), gen, sink))
+                r.decoder = CausalDecoder(
+                    Sequence.for_checkpoint(caps, r.ids, SamplingParams(**params, seed=r.seed), gen, sink)
+                )
                 loop.admit(r, r.decoder)
             retired = loop.step()
             forwards += 1

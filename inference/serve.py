@@ -28,7 +28,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python inference/X.py` from a checkout: the packages live in its root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bdcore.decode.config import AUTO, DecodeConfig  # noqa: E402
 from bdcore.decode.config import MODES as NATIVE_MODES  # noqa: E402
+from bdcore.serving_gate import resolve  # noqa: E402
 from inference.sglang_backend.command import FAMILIES as SGLANG_FAMILIES  # noqa: E402
 
 
@@ -166,27 +168,37 @@ def pick_backend(
     if sglang_python or os.environ.get(SGLANG_PYTHON_ENV) or importlib.util.find_spec("sglang"):
         return "sglang"
     if vllm_python or os.environ.get(VLLM_PYTHON_ENV) or importlib.util.find_spec("vllm"):
-        from inference.vllm_backend.checkpoint import refusal
+        from bdcore.serving_gate import serves
 
-        if mode == "causal" or (model and refusal(model, mode) is None):
+        try:
+            caps = child_capabilities(model, mode)
+        except ValueError:  # a malformed sidecar or config.json: the native engine's loader names it
+            return "native"
+        if serves(caps, DecodeConfig(mode=mode), "vllm"):
             return "vllm"
     return "native"
 
 
-def fixed_settings_refusal(args, engine: str) -> str | None:
-    """SGLang and vLLM run our decodes with fixed settings: the policy (auto) and all-canvases self-spec
-    (canvases sharing positions in one forward) are native-engine decodes."""
-    if args.self_spec_canvases not in (None, "last"):
-        return (
-            f"--self-spec-canvases {args.self_spec_canvases} is a native-engine decode ({engine} verifies one "
-            "canvas per forward); use --backend native"
-        )
-    if args.draft_len == "auto":
-        return (
-            f"--draft-len auto is a native-engine decode (the {engine} plugin drafts a fixed length); give an "
-            "integer, or use --backend native"
-        )
-    return None
+def child_capabilities(model: str | None, mode: str):
+    """The checkpoint's capabilities as SGLang's and vLLM's commands see it, for the serving gate. Their causal
+    mode is their stock engine on the HF weights, which reads nothing of ours (the directory may even be a hub
+    id), so it is asked about a plain checkpoint; a directory without config.json is a plain one too."""
+    from bdcore.capabilities import Capabilities, read_capabilities
+
+    caps = read_capabilities(model) if model and mode != "causal" else None
+    return caps or Capabilities.from_sidecar(None)
+
+
+def child_settings(args) -> dict:
+    """The decode settings SGLang and vLLM are asked to run, but the mode (their self-spec layout is fixed:
+    `last` unless the flag asks for another, which the serving gate refuses)."""
+    return dict(
+        block_size=args.block_size,
+        threshold=args.threshold,
+        steps=args.steps,
+        draft_len=args.draft_len,
+        self_spec_canvases=args.self_spec_canvases or "last",
+    )
 
 
 def vllm_command(args, extra: list[str]) -> list[str]:
@@ -195,17 +207,9 @@ def vllm_command(args, extra: list[str]) -> list[str]:
     where = dict(python=vc.resolve_vllm_python(args.vllm_python), host=args.host, port=args.port)
     where |= dict(api_key=args.api_key, max_num_seqs=args.max_batch, served_model_name=args.served_model_name)
     if args.mode == "causal":
+        resolve(child_capabilities(args.model, args.mode), DecodeConfig(args.mode, **child_settings(args)), "vllm")
         return vc.build_causal_command(args.model, extra_args=extra, **where)
-    if (why := fixed_settings_refusal(args, "vLLM")) is not None:
-        raise vc.VllmCommandError(why)
-    settings = vc.bdstack_settings(
-        args.model,
-        args.mode,
-        block_size=args.block_size,
-        threshold=args.threshold,
-        steps=args.steps,
-        draft_len=args.draft_len,
-    )
+    settings = vc.bdstack_settings(args.model, args.mode, **child_settings(args))  # through the serving gate
     return vc.build_bdstack_command(args.model, settings, extra_args=extra, **where)
 
 
@@ -222,20 +226,12 @@ def sglang_command(args, extra: list[str]) -> list[str]:
         algo = sl.write_algorithm_config(cfg, tmp) if cfg.algorithm_config else None
         return sl.build_sglang_command(args.model, family=args.mode, extra_args=extra, algo_config_path=algo, **where)
     if args.mode == "causal":  # a bdstack checkpoint is a stock HF model: plain SGLang serves it causally
+        resolve(child_capabilities(args.model, args.mode), DecodeConfig(args.mode, **child_settings(args)), "sglang")
         cmd = [python, "-m", "sglang.launch_server", "--model-path", args.model, "--host", args.host]
         cmd += ["--port", str(args.port)] + (["--api-key", args.api_key] if args.api_key else [])
         cmd += ["--served-model-name", args.served_model_name] if args.served_model_name else []
         return cmd + extra
-    if (why := fixed_settings_refusal(args, "SGLang")) is not None:
-        raise ServeError(why)
-    settings = sl.bdstack_settings(
-        args.model,
-        args.mode,
-        block_size=args.block_size,
-        threshold=args.threshold,
-        steps=args.steps,
-        draft_len=args.draft_len,
-    )
+    settings = sl.bdstack_settings(args.model, args.mode, **child_settings(args))  # through the serving gate
     path = Path(tempfile.mkdtemp(prefix="bdstack-sglang-")) / f"{settings.algorithm}.yaml"
     return sl.build_bdstack_command(args.model, settings, path, extra_args=extra, **where)
 
@@ -291,9 +287,6 @@ def server_settings_refusal(args) -> str | None:
 
 def native_decode(args):
     """The native engine's decode settings from the flags (self-spec's layout chosen each step by default)."""
-    from bdcore.decode.config import AUTO
-    from inference.native.engine import DecodeConfig
-
     return DecodeConfig(
         mode=args.mode,
         block_size=args.block_size,
@@ -311,17 +304,18 @@ _SETTING = re.compile(r"\b(block_size|draft_len|steps|threshold|self_spec_canvas
 
 
 def decode_refusal(model: str, decode) -> str | None:
-    """What is wrong with the decode settings, read off the checkpoint's sidecar before its weights load.
-    Every mode a request may pick is checked, not only --mode: each request resolves the settings anew,
-    and a setting found bad there would be a 500 for every request."""
-    from bdcore.loading import read_capabilities
+    """What the serving gate says of the native engine's settings, read off the checkpoint's sidecar before its
+    weights load. Every mode a request may pick is checked, not only --mode: each request resolves the
+    settings anew, and a setting found bad there would be a 400 for every request."""
+    from bdcore.capabilities import read_capabilities
+    from bdcore.serving_gate import served_modes
 
     caps = read_capabilities(model)
     if caps is None:
         return None  # not a model directory: load_checkpoint says so
-    for mode in dict.fromkeys((decode.mode, *caps.modes)):
+    for mode in dict.fromkeys((decode.mode, *served_modes(caps, "native"))):
         try:
-            replace(decode, mode=mode).resolve(caps)
+            resolve(caps, replace(decode, mode=mode), "native")
         except ValueError as e:
             why = _SETTING.sub(lambda m: "--" + m[1].replace("_", "-"), str(e))  # the library's names as flags
             return why if mode == decode.mode else f"{why} (for {mode} mode, which a request may pick)"

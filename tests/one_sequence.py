@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from bdcore.decode.modes import Forward
-from bdcore.decode.rows import Rows
+from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sequence import SequenceCache
 

@@ -14,6 +14,7 @@ from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
 from bdcore.draft_adapter import ADAPTER_DIR, MASK_ROW, LoraSpec, add_lora, merged_state_dict, save_adapter
 from bdcore.loading import load_checkpoint
+from bdcore.serving_gate import CannotServe
 from bdcore.sidecar import Sidecar, SidecarError, read_sidecar, write_sidecar
 from inference.native.engine import Engine
 from tests.test_invariant_3_engine_denoise import check_engine_canvas_logits
@@ -180,5 +181,5 @@ def test_sglang_refuses_a_draft_adapter_and_says_what_serves_it(tmp_path, capsys
     settings = bdstack_settings(ckpt, "diffusion")
     path.write_text(yaml.safe_dump(settings.to_dict()))
     write_sidecar(ckpt, sidecar)
-    with pytest.raises(plugin.PluginError, match="draft-only adapter"):
+    with pytest.raises(CannotServe, match="draft-only adapter"):
         plugin.load_settings(str(ckpt), settings.algorithm, str(path))

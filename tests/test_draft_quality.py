@@ -14,6 +14,7 @@ from bdcore.decode.draft_quality import (
     score_sample,
     walk_forwards,
 )
+from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.loading import load_checkpoint
 from bdcore.tokens import end_of_turn_id
@@ -64,7 +65,7 @@ def _served_and_measured(ckpt, canvases, prompts, draft_len):
     params = SamplingParams(max_tokens=24)
     causal = Engine(ckpt, DecodeConfig(mode="causal"))
     spec = Engine(ckpt, DecodeConfig(mode="self-spec", self_spec_canvases=canvases, draft_len=draft_len))
-    runner = ckpt.capabilities.runner(ckpt.model)
+    runner = ModelRunner.for_checkpoint(ckpt.model, ckpt.capabilities)
     eot = end_of_turn_id(ckpt.tokenizer)
     for ids in prompts:
         out = causal.generate(ids, params)
@@ -101,7 +102,7 @@ def test_a_model_whose_drafts_always_agree(tmp_path):
 def test_chunked_forwards_score_as_one(tmp_path):
     """Anchors split over several forwards (`max_rows`) give the same prefixes and AR losses as one forward."""
     ckpt = load_checkpoint(tiny_checkpoint(tmp_path, bd_size=4))
-    runner = ckpt.capabilities.runner(ckpt.model)
+    runner = ModelRunner.for_checkpoint(ckpt.model, ckpt.capabilities)
     ids = _prompts(ckpt.tokenizer, 1, seed=7)[0]
     sample = (ids + ids[:12], len(ids))
     one = draft_quality(runner, [sample], mask_id=ckpt.mask_id, draft_len=4, max_rows=10_000)

@@ -3,6 +3,8 @@
 bdcore is the base: it imports no other bdstack package. data sits on it alone (self-distillation loads
 checkpoints through bdcore, not the server). train and inference never import each other. Nothing but
 tests imports tests. No module imports another top-level package's private (leading underscore) name.
+bdcore's modules import one another without a circle, function-level imports included (a lazy import
+that closes a circle still ties the two modules into one).
 """
 
 from __future__ import annotations
@@ -89,3 +91,59 @@ def test_a_forbidden_import_is_reported(package, source):
 )
 def test_an_allowed_import_passes(package, source):
     assert not violations(package, "x.py", source)
+
+
+def module_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """module -> the modules among `sources` it imports (`from a import b` names a.b when b is a module)."""
+    graph = {}
+    for name, source in sources.items():
+        found = set()
+        for module, names in imports(source):
+            found |= {m for m in (module, *(f"{module}.{n}" for n in names)) if m in sources and m != name}
+        graph[name] = found
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each import circle once, as the path from its smallest module back to itself."""
+    found = set()
+
+    def walk(path: list[str]) -> None:
+        for nxt in sorted(graph[path[-1]]):
+            if nxt in path:
+                circle = path[path.index(nxt) :]
+                i = circle.index(min(circle))
+                found.add(tuple(circle[i:] + circle[:i]))
+            else:
+                walk([*path, nxt])
+
+    for module in graph:
+        walk([module])
+    return [[*c, c[0]] for c in sorted(found)]
+
+
+def package_sources(package: str) -> dict[str, str]:
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path.read_text(encoding="utf-8")
+    return out
+
+
+def test_bdcore_imports_without_circles():
+    found = cycles(module_graph(package_sources("bdcore")))
+    assert not found, "import circles in bdcore:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_a_circle_is_reported_lazy_imports_included():
+    sources = {
+        "p.caps": "def runner():\n    from p.decode import runner\n",
+        "p.decode": "",
+        "p.decode.runner": "from p.decode.modes import Forward\n",
+        "p.decode.modes": "from p.caps import MODES\n",
+        "p.sidecar": "import p.caps\n",
+    }
+    assert cycles(module_graph(sources)) == [["p.caps", "p.decode.runner", "p.decode.modes", "p.caps"]]
+    sources["p.caps"] = ""
+    assert cycles(module_graph(sources)) == []

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from bdcore.decode.driver import DecodeLoop
-from bdcore.decode.modes import Forward
-from bdcore.decode.rows import Rows
+from bdcore.decode.rows import Forward, Rows
+from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import SequenceCache
 from bdcore.loading import load_checkpoint
@@ -91,7 +91,7 @@ def test_batched_logits_match_one_sequence_forwards(loaded):
     one, whose cache goes in unpadded), also after a rollback crop."""
     model, mask = loaded.model, loaded.mask_id
     prompts = _prompts(loaded.tokenizer, 3, seed=9)
-    runner = loaded.capabilities.runner(model)
+    runner = ModelRunner.for_checkpoint(model, loaded.capabilities)
     batched = [SequenceCache() for _ in prompts]
     alone = [SequenceCache() for _ in prompts]
     steps = [

@@ -17,6 +17,7 @@ import yaml
 
 from bdcore.decode.sampling import SamplingParams
 from bdcore.loading import load_checkpoint
+from bdcore.serving_gate import CannotServe
 from benchmark.sglang_contract.names import DLLM_CONFIG_PARAMS
 from inference import serve
 from inference.native.engine import DecodeConfig, Engine
@@ -85,7 +86,7 @@ def test_checkpoint_checks(ckpt, tmp_path):
     assert check(good) == good
     with pytest.raises(plugin.PluginError, match="mask_id"):
         check(DecodeSettings(**(good.to_dict() | {"mask_id": good.mask_id + 1})))
-    with pytest.raises(plugin.PluginError, match="draft_len 5 exceeds the trained block size 4"):
+    with pytest.raises(CannotServe, match="draft_len 5 exceeds the trained block size 4"):
         check(DecodeSettings(**(good.to_dict() | {"block_size": 5})))
     with pytest.raises(plugin.PluginError, match="needs --dllm-algorithm-config"):
         plugin.load_settings(str(ckpt), SELF_SPEC, None)
@@ -98,10 +99,10 @@ def test_checkpoint_checks(ckpt, tmp_path):
         if f.is_file():
             (changed / f.name).write_bytes(f.read_bytes())
     (changed / "block_diffusion.json").write_text(json.dumps(sidecar | {"clean_causal": False}))
-    with pytest.raises(plugin.PluginError, match="clean_causal: false"):
+    with pytest.raises(CannotServe, match="clean_causal: false"):
         check(good, changed)
     (changed / "block_diffusion.json").unlink()
-    with pytest.raises(plugin.PluginError, match="not a bdstack block-diffusion checkpoint"):
+    with pytest.raises(CannotServe, match="not a bdstack block-diffusion checkpoint"):
         check(good, changed)
 
 
@@ -117,7 +118,7 @@ def test_hybrid_checkpoints_need_a_within_block_causal_canvas(tmp_path):
     (hybrid / "block_diffusion.json").write_text(json.dumps(sidecar))
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(settings.to_dict()))
-    with pytest.raises(plugin.PluginError, match=refused):
+    with pytest.raises(CannotServe, match=refused):
         plugin.load_settings(str(hybrid), DIFFUSION, str(path))
     (hybrid / "block_diffusion.json").write_text(json.dumps(sidecar | {"within_block_causal": True}))
     settings = bdstack_settings(hybrid, "self-spec")

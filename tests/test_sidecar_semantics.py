@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from bdcore.loading import CheckpointError, load_checkpoint
+from bdcore.loading import load_checkpoint
+from bdcore.serving_gate import CannotServe
 from bdcore.sidecar import SIDECAR_NAME, SidecarError, read_sidecar
 from tests.tiny import tiny_checkpoint
 
@@ -53,7 +54,7 @@ def test_unshifted_checkpoint_with_a_causal_clean_stream_is_refused_by_the_engin
     tests/test_single_stream.py)."""
     changed = _with_sidecar(ckpt, tmp_path, shift=False)
     assert read_sidecar(changed).shift is False  # the field is read as written
-    with pytest.raises(CheckpointError, match="shift: false with clean_causal: true"):
+    with pytest.raises(CannotServe, match="shift: false with clean_causal: true"):
         load_checkpoint(changed)
 
 

@@ -11,8 +11,10 @@ import torch.nn.functional as F
 
 from bdcore.attention_rule import dense_mask
 from bdcore.capabilities import Capabilities
-from bdcore.decode.config import DecodeConfig, DecodeSettingsError
+from bdcore.decode.config import DecodeConfig
 from bdcore.decode.rows import Rows
+from bdcore.serving_gate import CannotServe, resolve
+from bdcore.sidecar import Sidecar
 from tests.one_sequence import OneSequence
 from tests.tiny import EOT_ID, FILLER_ID, MASK_ID, random_sample, tiny_model
 from train.config import BlockDiffusionConfig
@@ -153,17 +155,18 @@ def test_engine_canvas_logits_equal_training_logits(arch):
 
 
 def test_self_spec_is_refused_for_an_unshifted_checkpoint():
-    unshifted = Capabilities(bd_size=4, shift=False, clean_causal=False)
-    with pytest.raises(DecodeSettingsError, match="AR head"):
-        DecodeConfig(mode="self-spec").resolve(unshifted)
-    assert DecodeConfig(mode="diffusion").resolve(unshifted).budget == 4, "every slot is predicted"
-    assert DecodeConfig(mode="diffusion").resolve(Capabilities(bd_size=4)).budget == 3
+    unshifted = Capabilities.from_sidecar(Sidecar(bd_size=4, mask_id=0, shift=False, clean_causal=False))
+    with pytest.raises(CannotServe, match="AR head"):
+        resolve(unshifted, DecodeConfig(mode="self-spec"), "native")
+    assert resolve(unshifted, DecodeConfig(mode="diffusion"), "native").budget == 4, "every slot is predicted"
+    shifted = Capabilities.from_sidecar(Sidecar(bd_size=4, mask_id=0))
+    assert resolve(shifted, DecodeConfig(mode="diffusion"), "native").budget == 3
 
 
 @pytest.mark.e2e
 def test_train_single_stream_then_serve_diffusion_and_causal(demo_kit, tmp_path):
     from bdcore.decode.sampling import SamplingParams
-    from bdcore.loading import CheckpointError, load_checkpoint
+    from bdcore.loading import load_checkpoint
     from bdcore.sidecar import read_sidecar
     from inference.native.engine import Engine
     from tests.conftest import run_train
@@ -187,7 +190,7 @@ def test_train_single_stream_then_serve_diffusion_and_causal(demo_kit, tmp_path)
         assert g.stats.generated > 0 and g.stats.forwards > 0
     causal = engine.generate(prompt, SamplingParams(max_tokens=12), DecodeConfig(mode="causal"))
     assert causal.stats.forwards == causal.stats.generated, "causal mode: one token a forward"
-    with pytest.raises(CheckpointError, match="self-spec needs a token-causal AR head"):
+    with pytest.raises(CannotServe, match="self-spec needs a token-causal AR head"):
         Engine(loaded, DecodeConfig(mode="self-spec"))
 
 

@@ -23,6 +23,7 @@ from bdcore.decode.speculation import (
     read_draft_prior,
 )
 from bdcore.loading import load_checkpoint
+from bdcore.sidecar import Sidecar
 from inference.native.engine import DecodeConfig, Engine
 from inference.native.scheduler import Scheduler
 from tests import reference_decoder as ref
@@ -404,16 +405,17 @@ def test_auto_self_spec_is_lossless_alone_and_batched_and_learns_acceptance(chec
 
 
 def test_auto_settings_resolve():
-    from bdcore.decode.config import DecodeSettingsError
+    from bdcore.serving_gate import CannotServe, resolve
 
-    r = DecodeConfig(mode="self-spec", draft_len="auto").resolve(Capabilities(bd_size=8))
+    caps = Capabilities.from_sidecar(Sidecar(bd_size=8, mask_id=0))
+    r = resolve(caps, DecodeConfig(mode="self-spec", draft_len="auto"), "native")
     assert r.draft_len == 8 and r.auto_draft().max_drafts == 7 and r.auto_draft().fixed_drafts is None
-    r = DecodeConfig(mode="self-spec", draft_len=4, self_spec_canvases="auto").resolve(Capabilities(bd_size=8))
+    r = resolve(caps, DecodeConfig(mode="self-spec", draft_len=4, self_spec_canvases="auto"), "native")
     assert r.auto_draft().fixed_drafts == 3 and r.auto_draft().canvases == "auto"
-    assert DecodeConfig(mode="self-spec", draft_len=4).resolve(Capabilities(bd_size=8)).auto_draft() is None
-    assert DecodeConfig(mode="causal", draft_len="auto").resolve(Capabilities(bd_size=8)).auto_draft() is None
-    with pytest.raises(DecodeSettingsError, match="draft_len"):
-        DecodeConfig(mode="self-spec", draft_len="many").resolve(Capabilities(bd_size=8))
+    assert resolve(caps, DecodeConfig(mode="self-spec", draft_len=4), "native").auto_draft() is None
+    assert resolve(caps, DecodeConfig(mode="causal", draft_len="auto"), "native").auto_draft() is None
+    with pytest.raises(CannotServe, match="draft_len"):
+        resolve(caps, DecodeConfig(mode="self-spec", draft_len="many"), "native")
 
 
 def test_a_request_that_went_causal_drafts_again_after_a_while():

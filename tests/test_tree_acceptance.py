@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from bdcore.decode.draft_quality import draft_quality, rank_among
-from bdcore.decode.modes import Forward
-from bdcore.decode.rows import Rows
+from bdcore.decode.rows import Forward, Rows
+from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sequence import SequenceCache
 from bdcore.decode.tree_acceptance import (
     TreeShape,
@@ -90,7 +90,7 @@ def test_the_benchmark_tables():
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     ckpt = load_checkpoint(tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), bd_size=N))
-    runner = ckpt.capabilities.runner(ckpt.model)
+    runner = ModelRunner.for_checkpoint(ckpt.model, ckpt.capabilities)
     samples = [(ids + ids[:14], len(ids)) for ids in _prompts(ckpt.tokenizer, 3, seed=11)]
     return runner, ckpt.mask_id, samples, draft_quality(runner, samples, mask_id=ckpt.mask_id, draft_len=N)
 

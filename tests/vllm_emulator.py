@@ -16,6 +16,7 @@ from bdcore.decode.modes import SelfSpecDecoder, make_decoder
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence
 from bdcore.decode.speculation import Layout
+from bdcore.serving_gate import resolve
 from inference.vllm_backend.masks import triton_visible
 from inference.vllm_backend.sampler import RequestDecoder
 
@@ -63,7 +64,7 @@ def native_decode(model, settings, prompt, params, seed: int, *, mode=None, caus
         draft_len=size if mode == "self-spec" else None,
         fuse_commit=False,
     )
-    decoder = make_decoder(config.resolve(Capabilities(bd_size=size, mask_id=settings.mask_id)), seq)
+    decoder = make_decoder(resolve(Capabilities.from_sidecar(settings.sidecar()), config, "vllm"), seq)
     if trace:
         decoder.trace = []
     fixed = getattr(decoder, "layout", None)

@@ -30,7 +30,7 @@ import random
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -382,16 +382,5 @@ def sidecar_for(config: JobConfig, mask_id: int, global_step: int) -> Sidecar | 
     d = config.diffusion
     if d.ar_only:
         return None
-    return Sidecar(
-        bd_size=d.bd_size,
-        mask_id=mask_id,
-        mask_token=MASK_TOKEN,
-        ar_loss_weight=d.ar_loss_weight,
-        shift=not d.single_stream,  # a single-stream slot predicts its own token
-        clean_causal=d.clean_causal,
-        within_block_causal=d.within_block_causal,
-        views=d.views,
-        base_model=config.model.model_id,
-        global_step=global_step,
-        draft_adapter=ADAPTER_DIR if config.lora.draft_adapter else None,
-    )
+    sidecar = d.sidecar(mask_id, draft_adapter=ADAPTER_DIR if config.lora.draft_adapter else None)
+    return replace(sidecar, mask_token=MASK_TOKEN, base_model=config.model.model_id, global_step=global_step)

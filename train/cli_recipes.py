@@ -10,6 +10,7 @@ import tempfile
 
 from bdcore.capabilities import MODES, Capabilities
 from bdcore.checkpoint_files import CheckpointError, check_model_dir
+from bdcore.sidecar import Sidecar
 from train.cli_fields import field_flag
 from train.config import EvalSection, FlagError, OPDSection, RLSection
 
@@ -134,8 +135,7 @@ def check_rl(args, bad) -> None:
     for flag in ("rl_group_size", "rl_prompts_per_step", "rl_updates_per_batch", "rl_max_new_tokens"):
         if getattr(args, flag) < 1:
             bad(f"--{flag}", f"must be >= 1, got {getattr(args, flag)}")
-    # The student's clean stream is causal only with the AR loss on (a draft adapter's is the frozen base).
-    student = Capabilities(bd_size=args.bd_size, clean_causal=args.ar_loss_weight > 0 or bool(args.draft_adapter))
+    student = _student_from_flags(args)
     if args.rl_rollout_mode != "diffusion" and (args.draft_adapter or not student.ar_head):
         bad(
             "--rl_rollout_mode",
@@ -163,6 +163,15 @@ def check_rl(args, bad) -> None:
         load_reward(args.rl_reward)
     except ValueError as e:
         bad("--rl_reward", str(e))
+
+
+def _student_from_flags(args) -> Capabilities:
+    """What the run's student will decode as, from its flags (before any config or tokenizer exists), through
+    the one constructor: the flags mapped into the sidecar its checkpoints will carry. The clean stream is
+    causal only with the AR loss on (a draft adapter's is the frozen base); the mask id is the tokenizer's,
+    not known yet, and decides nothing here."""
+    causal = args.ar_loss_weight > 0 or bool(args.draft_adapter)
+    return Capabilities.from_sidecar(Sidecar(bd_size=args.bd_size, mask_id=0, clean_causal=causal))
 
 
 def check_eval(args, bad) -> None:

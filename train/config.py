@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import ClassVar
 
+from bdcore.sidecar import Sidecar
+
 LOSS_WEIGHTINGS = ("uniform", "inverse_rate")
 # two_stream: clean stream + noised views, shifted targets, an AR head (docs/design.md section 2);
 # single_stream: one stream masked in place, unshifted targets, no AR head (train/single_stream.py).
@@ -82,6 +84,20 @@ class BlockDiffusionConfig:
     @property
     def single_stream(self) -> bool:
         return self.objective == "single_stream"
+
+    def sidecar(self, mask_id: int, *, draft_adapter: str | None = None) -> Sidecar:
+        """The block_diffusion.json of a checkpoint of these rows, less the run's record (base model, step):
+        what the checkpoint writes, and what the student decodes as before it is written (train/rollout.py)."""
+        return Sidecar(
+            bd_size=self.bd_size,
+            mask_id=mask_id,
+            ar_loss_weight=self.ar_loss_weight,
+            shift=not self.single_stream,  # a single-stream slot predicts its own token
+            clean_causal=self.clean_causal,
+            within_block_causal=self.within_block_causal,
+            views=self.views,
+            draft_adapter=draft_adapter,
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from bdcore.decode.draft_quality import draft_quality
+from bdcore.decode.runner import ModelRunner
 from train.config import FlagError, JobConfig
 from train.data import DataError, heldout_answers
 from train.rollout import decoding, student_capabilities
@@ -34,6 +35,6 @@ class DraftEval:
         t0 = time.perf_counter()
         caps = student_capabilities(lm.cfg, mask_id=self.mask_id, stop_ids=frozenset())
         with decoding(lm) as model:
-            runner = caps.runner(model)
+            runner = ModelRunner.for_checkpoint(model, caps)
             quality = draft_quality(runner, self.samples, mask_id=self.mask_id, draft_len=self.bd_size)
         return {**quality.summary(), "t_eval_s": time.perf_counter() - t0}

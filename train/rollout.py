@@ -28,10 +28,12 @@ import torch
 from bdcore.capabilities import Capabilities
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.driver import DecodeDriver, DecodeLoop
-from bdcore.decode.modes import CommitStep, DiffusionDecoder, Forward, make_decoder
-from bdcore.decode.rows import Rows
+from bdcore.decode.modes import CommitStep, DiffusionDecoder, make_decoder
+from bdcore.decode.rows import Forward, Rows
+from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.sequence import AnswerTokens, DecodeStats, SequenceCache
+from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, SequenceCache
+from bdcore.serving_gate import resolve
 
 
 @dataclass
@@ -92,14 +94,14 @@ def rollout(
     was_training = model.training
     model.eval()
     try:
-        runner = caps.runner(model)
+        runner = ModelRunner.for_checkpoint(model, caps)
         loop = DecodeLoop(DecodeDriver(runner))
-        resolved = decode.resolve(caps)
+        resolved = resolve(caps, decode, "native")  # the native engine's decoders, as the server runs them
         decoders, sinks = [], []
         for i, prompt in enumerate(prompts):
             sink = AnswerTokens(caps.stop_ids, params.max_tokens, DecodeStats())
             gen = torch.Generator().manual_seed(seed + i)
-            decoder = make_decoder(resolved, caps.sequence(prompt, params, gen, sink))
+            decoder = make_decoder(resolved, Sequence.for_checkpoint(caps, prompt, params, gen, sink))
             if not ar_mode:
                 assert isinstance(decoder, DiffusionDecoder)
                 decoder.trace = []
@@ -152,15 +154,9 @@ def decoding(lm):
 
 
 def student_capabilities(cfg, *, mask_id: int, stop_ids: frozenset[int]) -> Capabilities:
-    """What the student (its `BlockDiffusionConfig`) decodes as: its block, attention, mask and stop tokens."""
-    return Capabilities(
-        bd_size=cfg.bd_size,
-        mask_id=mask_id,
-        shift=not cfg.single_stream,
-        clean_causal=cfg.clean_causal,
-        within_block_causal=cfg.within_block_causal,
-        stop_ids=stop_ids,
-    )
+    """What the student (its `BlockDiffusionConfig`) decodes as: the capabilities of the checkpoint it would save
+    now, built from that checkpoint's sidecar by the one constructor, with the tokenizer's stop tokens."""
+    return Capabilities.from_sidecar(cfg.sidecar(mask_id), stop_ids=stop_ids)
 
 
 def student_rollouts(

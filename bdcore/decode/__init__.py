@@ -3,7 +3,7 @@
 - `config.py`: the decode modes and settings (`DecodeConfig`), defaults filled from the checkpoint;
 - `sampling.py`: logits -> distribution -> token (temperature, top-k, top-p, the `<|mask|>` ban);
 - `rules.py`: the commit rule, the denoise step, acceptance (greedy and rejection sampling), stops;
-- `rows.py`: the rows of one decode forward and their mask (from `bdcore.attention_rule`);
+- `rows.py`: the rows of one decode forward (`Forward`) and their mask (from `bdcore.attention_rule`);
 - `sequence.py`: one request's state (`Sequence`): sampling, token sink, cache, stats;
 - `modes.py`: the causal, diffusion and self-spec decoders (state machines over forwards);
 - `runner.py`: the model forward over the next rows of one or more sequences;

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bdcore.decode.modes import Forward
-from bdcore.decode.rows import Rows
+from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.sequence import SequenceCache
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)

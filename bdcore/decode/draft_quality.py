@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bdcore.decode.modes import Forward
-from bdcore.decode.rows import Rows
+from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.sequence import SequenceCache
 from bdcore.decode.tree_acceptance import TOP_K, TreeShape, default_shapes, topk_path_acceptance, tree_table
 

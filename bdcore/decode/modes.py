@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from bdcore.decode.config import ResolvedDecode
-from bdcore.decode.rows import Rows
+from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.rules import block_decided, denoise_step, first_stop, greedy_accept, speculative_accept
 from bdcore.decode.sequence import Sequence
 from bdcore.decode.speculation import AutoDraft, DraftAcceptance, Layout, fixed_layout
@@ -30,13 +30,6 @@ class CommitStep:
     slots: list[int]  # committed slots (canvas row j predicts slot j + 1)
     tokens: list[int]
     logprobs: list[float]  # the student's log-probability of each, `<|mask|>` banned, temperature 1
-
-
-@dataclass
-class Forward:
-    rows: Rows
-    keep: int  # the first `keep` rows stay in the cache
-    rollback: bool = False  # a later crop may cut back into this forward's clean rows
 
 
 class Decoder:

@@ -70,6 +70,16 @@ class Rows:
         return self._add(tokens, start, view, CANVAS_BLOCK, True)
 
 
+@dataclass
+class Forward:
+    """What a decoder asks the runner for: one forward's rows, and what of them stays in the cache. Plain data
+    here, apart from the decoders that make it (modes.py) and the runner and cost model that read it."""
+
+    rows: Rows
+    keep: int  # the first `keep` rows stay in the cache
+    rollback: bool = False  # a later crop may cut back into this forward's clean rows
+
+
 def decode_mask(cached: int, rows: Rows, clean_causal: bool, within_block_causal: bool, device) -> torch.Tensor:
     """[1, 1, Q, cached + Q] bool: who each new row sees among the cached tokens and the new rows."""
     c, Q = cached, len(rows.tokens)

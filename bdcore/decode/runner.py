@@ -14,15 +14,18 @@ restores the state the sequence's last (rollback) forward snapshotted.
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 
 from bdcore.decode.gated_delta_layers import DecodePlan, patch_for_decode
-from bdcore.decode.modes import Forward
-from bdcore.decode.rows import CANVAS_STREAM, decode_mask
+from bdcore.decode.rows import CANVAS_STREAM, Forward, decode_mask
 from bdcore.decode.sequence import SequenceCache
 from bdcore.draft_adapter import draft_rows
 from bdcore.gated_delta import is_hybrid
+
+if TYPE_CHECKING:
+    from bdcore.capabilities import Capabilities
 
 
 class ModelRunner:
@@ -41,6 +44,13 @@ class ModelRunner:
         # Built once and copied blank per forward: building from the config walks it (~1 ms a forward on a CPU,
         # 2-3% of a 135M model's decode step).
         self._cache_template = DynamicCache(config=model.config)
+
+    @classmethod
+    def for_checkpoint(cls, model, caps: Capabilities) -> ModelRunner:
+        """The runner for a checkpoint with capabilities `caps`: its mask ban and the attention it was trained with."""
+        return cls(
+            model, banned=caps.mask_id, clean_causal=caps.clean_causal, within_block_causal=caps.within_block_causal
+        )
 
     def _blank_cache(self):
         """A new, empty forward cache: the template's layers copied before any forward filled them."""

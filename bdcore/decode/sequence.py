@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from bdcore.decode.gated_delta_layers import DecodePlan, LayerState, roll_back
 from bdcore.decode.rules import first_stop
 from bdcore.decode.sampling import SamplingParams, pick
+
+if TYPE_CHECKING:
+    from bdcore.capabilities import Capabilities
 
 
 @dataclass
@@ -134,6 +137,20 @@ class Sequence:
     block_causal: bool = False  # the checkpoint's clean stream is block-causal (clean_causal off)
     shift: bool = True  # False: an unshifted (single-stream) checkpoint, whose canvas row j predicts slot j
     cache: SequenceCache = field(default_factory=SequenceCache)
+
+    @classmethod
+    def for_checkpoint(cls, caps: Capabilities, prompt_ids, params, generator, out) -> Sequence:
+        """A request on a checkpoint with capabilities `caps`: its mask ban, stop tokens and clean-stream attention."""
+        return cls(
+            list(prompt_ids),
+            params,
+            generator,
+            out,
+            caps.mask_id,
+            caps.stop_ids,
+            block_causal=not caps.clean_causal,
+            shift=caps.shift,
+        )
 
     @property
     def stats(self) -> DecodeStats:

@@ -16,9 +16,11 @@ from bdcore.decode.config import AUTO, DecodeConfig, ResolvedDecode
 from bdcore.decode.cost import RowCost, calibrate, load_or_calibrate
 from bdcore.decode.driver import DecodeDriver, DecodeLoop, Speculation
 from bdcore.decode.modes import Decoder, make_decoder
+from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.sequence import AnswerTokens, DecodeStats, TokenLogprob
+from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, TokenLogprob
 from bdcore.loading import LoadedModel
+from bdcore.serving_gate import resolve
 
 __all__ = ["Cancelled", "DecodeConfig", "Engine", "Generation", "TextOutput"]
 
@@ -98,11 +100,11 @@ class Engine:
         this model and device at the first such request, or now when `decode` is auto; cached on disk)."""
         self.loaded = loaded
         self.decode = decode or DecodeConfig()
-        loaded.check_mode(self.decode.mode)
-        # The default settings are every request's unless it picks a mode: check them now, so that a bad one
-        # (a block longer than the context) stops the server at start rather than failing each request.
-        self._resolve(self.decode)
-        self.runner = loaded.capabilities.runner(loaded.model)
+        # The default settings are every request's unless it picks a mode: resolve them now, so that a bad one
+        # (a mode the checkpoint lacks, a block longer than the context) stops the server at start rather than
+        # failing each request.
+        self.default_resolved = self._resolve(self.decode)
+        self.runner = ModelRunner.for_checkpoint(loaded.model, loaded.capabilities)
         self.runner.serving_only = True  # nothing trains the engine's model: its forwards run in inference mode
         self.driver = DecodeDriver(self.runner, Speculation(cost, prior=loaded.draft_prior) if cost else None)
         self._calibrating = threading.Lock()
@@ -121,13 +123,13 @@ class Engine:
             return self.driver.speculation
 
     def _resolve(self, decode: DecodeConfig) -> ResolvedDecode:
-        return decode.resolve(self.loaded.capabilities)
+        return resolve(self.loaded.capabilities, decode, "native")
 
     def start(
         self,
         prompt_ids,
         params: SamplingParams,
-        decode: DecodeConfig | None = None,
+        decode: DecodeConfig | ResolvedDecode | None = None,
         *,
         on_text=None,
         cancel=None,
@@ -137,13 +139,17 @@ class Engine:
         `on_text(delta)` streams text as it is committed, `on_logprobs(entries)` the answer tokens'
         log-probabilities (with `params.logprobs`) just before; setting `cancel` (a threading.Event) stops
         the request with `Cancelled` at its next emitted tokens."""
-        decode = decode or self.decode
-        resolved = self._resolve(decode)  # refuses a mode the checkpoint cannot run, as the loader words it
+        if isinstance(decode, ResolvedDecode):  # the server resolved it when it read the request: one check a request
+            resolved = decode
+        else:
+            resolved = self.default_resolved if decode is None else self._resolve(decode)
         gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
         out = TextOutput(
             self.loaded.tokenizer, params, self.loaded.stop_ids, DecodeStats(), on_text, cancel, on_logprobs
         )
-        decoder = make_decoder(resolved, self.loaded.capabilities.sequence(prompt_ids, params, gen, out))
+        decoder = make_decoder(
+            resolved, Sequence.for_checkpoint(self.loaded.capabilities, prompt_ids, params, gen, out)
+        )
         if (auto := resolved.auto_draft()) is not None:
             self.speculation().attach(decoder, auto)
         return decoder, out

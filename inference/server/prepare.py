@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from bdcore.decode.config import SELF_SPEC_CANVASES, DecodeSettingsError
+from bdcore.decode.config import ResolvedDecode
 from bdcore.decode.sampling import SamplingParams
-from bdcore.loading import CheckpointError, LoadedModel
+from bdcore.loading import LoadedModel
+from bdcore.serving_gate import CannotServe, resolve
 from inference.native.engine import DecodeConfig
 from inference.server.completion_prompts import completion_prompts
 from inference.server.prompt_bound import check_prompt_chars
@@ -38,7 +39,7 @@ class PreparedRequest:
     prefix: str  # forced start of the reply: part of the prompt, put back before the reply is parsed
     tools: ToolRequest
     params: SamplingParams
-    decode: DecodeConfig
+    decode: ResolvedDecode  # through the serving gate once, here; the engine takes it as it is
     stream: bool
     include_usage: bool
 
@@ -138,22 +139,12 @@ def check_reply_fits(max_context: int, n_prompt: int, max_tokens: int, param: st
         )
 
 
-def request_decode(loaded: LoadedModel, default: DecodeConfig, body: dict) -> DecodeConfig:
-    """The server's decode settings with the request's `mode` and `self_spec_canvases` (extensions), if
-    the checkpoint has them."""
+def request_decode(loaded: LoadedModel, default: DecodeConfig, body: dict) -> ResolvedDecode:
+    """The server's decode settings with the request's `mode` and `self_spec_canvases` (extensions), through
+    the serving gate: a 400 naming the field when the checkpoint cannot serve them."""
     mode = body.get("mode", default.mode)
-    try:
-        loaded.check_mode(mode)
-    except CheckpointError as e:
-        raise APIError(400, str(e), param="mode") from e
     canvases = body.get("self_spec_canvases", default.self_spec_canvases)
-    if canvases not in SELF_SPEC_CANVASES:
-        raise APIError(
-            400, f"'self_spec_canvases' must be one of {list(SELF_SPEC_CANVASES)}", param="self_spec_canvases"
-        )
-    decode = replace(default, mode=mode, self_spec_canvases=canvases)
-    try:  # the server's own settings were checked at start; a request's choice of mode or canvases is new
-        decode.resolve(loaded.capabilities)
-    except DecodeSettingsError as e:
-        raise APIError(400, str(e), param="self_spec_canvases" if "self_spec_canvases" in body else "mode") from e
-    return decode
+    try:
+        return resolve(loaded.capabilities, replace(default, mode=mode, self_spec_canvases=canvases), "native")
+    except CannotServe as e:  # the other settings are the server's own: the request changed mode or canvases
+        raise APIError(400, str(e), param=e.setting if e.setting in body else "mode") from e

@@ -199,41 +199,37 @@ def bdstack_settings(
     block_size: int | None = None,
     threshold: float = 0.9,
     steps: int | None = None,
-    draft_len: int | None = None,
+    draft_len: int | str | None = None,
+    self_spec_canvases: str = "last",
 ):
     """The `--dllm-algorithm-config` of our algorithm for `mode`, read off the checkpoint (its sidecar and
-    tokenizer, loaded in our environment so the SGLang side needs neither transformers pins nor our code)."""
+    tokenizer, loaded in our environment so the SGLang side needs neither transformers pins nor our code).
+    The serving gate decides first, from the sidecar and config.json alone: a refused decode loads nothing."""
+    from bdcore.capabilities import Capabilities, read_capabilities
     from bdcore.decode.config import DecodeConfig
     from bdcore.loading import check_checkpoint
-    from bdcore.sidecar import SIDECAR_NAME
+    from bdcore.serving_gate import resolve
     from bdcore.tokens import end_of_turn_id, filler_id, stop_ids
     from inference.sglang_backend.settings import ALGORITHMS, DecodeSettings
 
     model_dir = Path(model_dir)
     if mode not in ALGORITHMS:
         raise ValueError(f"mode {mode!r} has no bdstack SGLang algorithm; choose one of {sorted(ALGORITHMS)}")
-    if not (model_dir / SIDECAR_NAME).is_file():
-        raise ValueError(f"{model_dir} has no {SIDECAR_NAME}: --mode {mode} needs a bdstack checkpoint directory")
-    model_config, tok, sidecar = check_checkpoint(model_dir)
-    caps = sidecar.capabilities(stop_ids=stop_ids(tok), model_config=model_config)
-    if (why := caps.backend_refusal("sglang", mode)) is not None:
-        raise ValueError(why)
+    decode = DecodeConfig(mode, block_size, threshold, steps, draft_len, self_spec_canvases=self_spec_canvases)
+    resolved = resolve(read_capabilities(model_dir) or Capabilities.from_sidecar(None), decode, "sglang")
+    _, tok, sidecar = check_checkpoint(model_dir)
     eot = end_of_turn_id(tok)
     filler = filler_id(tok, eot)
-    others = sorted(caps.stop_ids - {eot, filler})  # e.g. eos, when it is not end-of-turn
+    others = sorted(stop_ids(tok) - {eot, filler})  # e.g. eos, when it is not end-of-turn
     if eot not in sglang_stop_ids(model_dir, tok):
         # The algorithms report a filler as end-of-turn; SGLang must know it as a stop token.
         raise ValueError(
             f"SGLang would not stop at end-of-turn (token {eot}): it stops at config.json / generation_config.json "
             "eos_token_id and the tokenizer's eos; add the end-of-turn id to generation_config.json's eos_token_id"
         )
-    resolved = DecodeConfig(
-        mode=mode, block_size=block_size, threshold=threshold, steps=steps, draft_len=draft_len
-    ).resolve(caps)
-    size = resolved.draft_len if mode == "self-spec" else resolved.block
     return DecodeSettings(
         algorithm=ALGORITHMS[mode],
-        block_size=size,
+        block_size=resolved.draft_len if mode == "self-spec" else resolved.block,
         mask_id=sidecar.mask_id,
         end_of_turn_id=eot,
         filler_id=filler,

@@ -24,18 +24,17 @@ arguments, so CPU tests check them without SGLang installed.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from pathlib import Path
 
-from bdcore.sidecar import SIDECAR_NAME, read_sidecar
+from bdcore.capabilities import Capabilities, read_capabilities
+from bdcore.serving_gate import resolve
 from inference.sglang_backend.algorithms import SelfSpec, ShiftedDiffusion
-from inference.sglang_backend.settings import ALGORITHMS, DIFFUSION, SELF_SPEC, DecodeSettings
+from inference.sglang_backend.settings import DIFFUSION, SELF_SPEC, DecodeSettings
 
 logger = logging.getLogger("bdstack.sglang")
 TESTED_SGLANG = "0.5.23"
 CORES = {DIFFUSION: ShiftedDiffusion, SELF_SPEC: SelfSpec}
-MODE_OF = {algorithm: mode for mode, algorithm in ALGORITHMS.items()}
 
 
 class PluginError(ValueError):
@@ -54,7 +53,8 @@ def local_model_dir(model_path: str) -> Path:
 
 
 def load_settings(model_path: str, algorithm: str, config_path: str | None) -> DecodeSettings:
-    """Our algorithm's settings, checked against the checkpoint they are meant for."""
+    """Our algorithm's settings, checked against the checkpoint they are meant for: the serving gate decides
+    whether SGLang serves them there (as serve.py's did when it wrote them), then the YAML must describe it."""
     import yaml
 
     if config_path is None:
@@ -62,20 +62,12 @@ def load_settings(model_path: str, algorithm: str, config_path: str | None) -> D
     settings = DecodeSettings.from_dict(yaml.safe_load(Path(config_path).read_text()))
     if settings.algorithm != algorithm:
         raise PluginError(f"{config_path} is a {settings.algorithm} config, but --dllm-algorithm is {algorithm}")
-    directory = local_model_dir(model_path)
-    if not (directory / SIDECAR_NAME).is_file():
-        raise PluginError(f"{model_path} has no {SIDECAR_NAME}: it is not a bdstack block-diffusion checkpoint")
-    sidecar = read_sidecar(directory)
-    if sidecar.mask_id != settings.mask_id:
-        raise PluginError(f"{config_path}: mask_id {settings.mask_id}, but the checkpoint's is {sidecar.mask_id}")
-    if sidecar.within_block_causal != settings.within_block_causal:
+    caps = read_capabilities(local_model_dir(model_path)) or Capabilities.from_sidecar(None)
+    resolve(caps, settings.decode_config(), "sglang")
+    if caps.mask_id != settings.mask_id:
+        raise PluginError(f"{config_path}: mask_id {settings.mask_id}, but the checkpoint's is {caps.mask_id}")
+    if caps.within_block_causal != settings.within_block_causal:
         raise PluginError(f"{config_path}: within_block_causal disagrees with the checkpoint's sidecar")
-    caps = sidecar.capabilities(model_config=json.loads((directory / "config.json").read_text()))
-    mode = MODE_OF[algorithm]
-    if (why := caps.backend_refusal("sglang", mode)) is not None:
-        raise PluginError(why)
-    if mode == "self-spec" and (too_long := caps.draft_len_refusal(settings.block_size)) is not None:
-        raise PluginError(f"self-spec: {too_long}")
     return settings
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from bdcore.decode.config import denoise_budget
+from bdcore.decode.config import DecodeConfig, denoise_budget
 
 DIFFUSION = "BdstackDiffusion"
 SELF_SPEC = "BdstackSelfSpec"
@@ -62,6 +62,15 @@ class DecodeSettings:
     @property
     def denoise_steps(self) -> int:
         return denoise_budget(self.block_size, self.steps)
+
+    @property
+    def mode(self) -> str:
+        return next(mode for mode, algorithm in ALGORITHMS.items() if algorithm == self.algorithm)
+
+    def decode_config(self) -> DecodeConfig:
+        """These settings as the decode settings the serving gate judges (SGLang's commits are unfused)."""
+        size = dict(draft_len=self.block_size) if self.mode == "self-spec" else dict(block_size=self.block_size)
+        return DecodeConfig(self.mode, threshold=self.threshold, steps=self.steps, fuse_commit=False, **size)
 
     def to_dict(self) -> dict:
         return asdict(self)

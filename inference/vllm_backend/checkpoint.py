@@ -1,32 +1,22 @@
-"""What a bdstack checkpoint can be served as in vLLM: the refusals, with the reason and the fix.
+"""Whether vLLM serves a bdstack checkpoint as the plugin's settings ask, decided inside vLLM's process.
 
-The rules are `bdcore.capabilities`' "vllm" backend; this adds the one only the plugin knows (which stock
-architectures it extends). `serve.py` asks before it builds the command (our environment); the plugin asks
-again, from the sidecar and config.json only, when vLLM loads the model (its environment), so a command
-written by hand is held to the same rules.
+The rules are `bdcore.serving_gate`'s "vllm" backend. `serve.py` asks the gate before it builds the command
+(our environment); the plugin asks it again here, from the sidecar and config.json only, when vLLM loads the
+model (its environment), so a command written by hand is held to the same rules.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from bdcore.sidecar import SIDECAR_NAME, read_sidecar
+from bdcore.capabilities import Capabilities, read_capabilities
+from bdcore.decode.config import ResolvedDecode
+from bdcore.serving_gate import resolve
+from inference.vllm_backend.settings import VllmDecodeSettings
 
 
-def refusal(model_dir: str | Path, mode: str) -> str | None:
-    """Why `model_dir` cannot be served in `mode` (diffusion / self-spec) by vLLM; None if it can."""
-    model_dir = Path(model_dir)
-    if not (model_dir / SIDECAR_NAME).is_file():
-        return f"{model_dir} has no {SIDECAR_NAME}: --mode {mode} needs a bdstack checkpoint directory"
-    config = model_dir / "config.json"
-    model_config = json.loads(config.read_text()) if config.is_file() else None
-    why = read_sidecar(model_dir).capabilities(model_config=model_config).backend_refusal("vllm", mode)
-    if why is not None:
-        return why
-    from inference.vllm_backend.command import ARCHITECTURES
-
-    stock = ((model_config or {}).get("architectures") or [None])[0]
-    if stock not in ARCHITECTURES:
-        return f"the vLLM plugin extends {sorted(ARCHITECTURES)}; this checkpoint is {stock!r}: use --backend native"
-    return None
+def check_servable(model_dir: str | Path, settings: VllmDecodeSettings) -> ResolvedDecode:
+    """The settings resolved on the checkpoint at `model_dir`; `CannotServe` naming the reason if vLLM cannot
+    serve them there (a directory without config.json is judged as a plain checkpoint: it has no sidecar)."""
+    caps = read_capabilities(model_dir) or Capabilities.from_sidecar(None)
+    return resolve(caps, settings.decode_config(), "vllm")

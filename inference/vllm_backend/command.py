@@ -28,7 +28,8 @@ from pathlib import Path
 
 VLLM_PYTHON_ENV = "BDSTACK_VLLM_PYTHON"
 VLLM_CLI = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
-# The architecture plugin.register() adds for each stock vLLM class it extends (causal mode needs neither).
+# The architecture plugin.register() adds for each stock vLLM class it extends (causal mode needs neither); the
+# serving gate refuses the others (its VLLM_ARCHITECTURES are these keys: tests/test_serving_gate.py).
 ARCHITECTURES = {"Qwen3ForCausalLM": "BdstackQwen3ForBlockDiffusion"}
 ARCHITECTURE = ARCHITECTURES["Qwen3ForCausalLM"]
 PLUGIN_NAME = "bdstack"  # the entry point's name in pyproject.toml (what VLLM_PLUGINS lists)
@@ -93,13 +94,9 @@ def build_bdstack_command(
 
 
 def architecture_for(model_dir: str | os.PathLike) -> str:
-    """The plugin architecture serving `model_dir`'s stock one (config.json `architectures[0]`)."""
-    path = Path(model_dir) / "config.json"
-    stock = (json.loads(path.read_text()).get("architectures") or [None])[0] if path.is_file() else None
-    if stock not in ARCHITECTURES:
-        raise VllmCommandError(
-            f"the vLLM plugin extends {sorted(ARCHITECTURES)}; {model_dir} is {stock!r}: use --backend native or sglang"
-        )
+    """The plugin architecture serving `model_dir`'s stock one (config.json `architectures[0]`), which the
+    serving gate has already held to `bdcore.serving_gate.VLLM_ARCHITECTURES` (the keys of ARCHITECTURES)."""
+    stock = json.loads((Path(model_dir) / "config.json").read_text())["architectures"][0]
     return ARCHITECTURES[stock]
 
 
@@ -126,25 +123,24 @@ def bdstack_settings(
     block_size: int | None = None,
     threshold: float = 0.9,
     steps: int | None = None,
-    draft_len: int | None = None,
+    draft_len: int | str | None = None,
+    self_spec_canvases: str = "last",
 ):
-    """The plugin's settings for `mode`, read off the checkpoint (sidecar and tokenizer, in our environment)."""
+    """The plugin's settings for `mode`, read off the checkpoint (sidecar and tokenizer, in our environment).
+    The serving gate decides first, from the sidecar and config.json alone: a refused decode loads nothing."""
+    from bdcore.capabilities import Capabilities, read_capabilities
     from bdcore.decode.config import DecodeConfig
     from bdcore.loading import check_checkpoint
-    from bdcore.sidecar import SIDECAR_NAME
+    from bdcore.serving_gate import resolve
     from bdcore.tokens import end_of_turn_id, filler_id
     from inference.sglang_backend.command import sglang_stop_ids
-    from inference.vllm_backend.checkpoint import refusal
     from inference.vllm_backend.settings import MODES, VllmDecodeSettings
 
     if mode not in MODES:
         raise VllmCommandError(f"mode {mode!r} has no bdstack vLLM algorithm; choose one of {MODES} (or causal)")
-    if not (Path(model_dir) / SIDECAR_NAME).is_file():
-        raise VllmCommandError(f"{model_dir} has no {SIDECAR_NAME}: --mode {mode} needs a bdstack checkpoint directory")
-    model_config, tok, sidecar = check_checkpoint(model_dir)  # the files first: refusal reads config.json
-    why = refusal(model_dir, mode)
-    if why:
-        raise VllmCommandError(why)
+    decode = DecodeConfig(mode, block_size, threshold, steps, draft_len, self_spec_canvases=self_spec_canvases)
+    resolved = resolve(read_capabilities(model_dir) or Capabilities.from_sidecar(None), decode, "vllm")
+    _, tok, sidecar = check_checkpoint(model_dir)
     eot = end_of_turn_id(tok)
     filler = filler_id(tok, eot)
     others = [int(tok.eos_token_id)] if tok.eos_token_id is not None and tok.eos_token_id not in (eot, filler) else []
@@ -155,10 +151,6 @@ def bdstack_settings(
             f"vLLM would not stop at end-of-turn (token {eot}): it stops at generation_config.json's eos_token_id "
             "and the tokenizer's eos; add the end-of-turn id to generation_config.json's eos_token_id"
         )
-    caps = sidecar.capabilities(mask_id=sidecar.mask_id, model_config=model_config)  # the context bounds the canvas
-    resolved = DecodeConfig(
-        mode=mode, block_size=block_size, threshold=threshold, steps=steps, draft_len=draft_len
-    ).resolve(caps)
     return VllmDecodeSettings(
         mode=mode,
         size=resolved.draft_len if mode == "self-spec" else resolved.block,

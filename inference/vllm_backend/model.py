@@ -32,7 +32,7 @@ from vllm.v1.worker.gpu.attn_utils import build_attn_metadata
 from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
-from inference.vllm_backend.checkpoint import refusal
+from inference.vllm_backend.checkpoint import check_servable
 from inference.vllm_backend.plugin import PluginError
 from inference.vllm_backend.sampler import request_params
 from inference.vllm_backend.settings import VllmDecodeSettings
@@ -73,9 +73,7 @@ class BdstackModelState(DefaultModelState):
 
     def __init__(self, vllm_config, model, encoder_cache, device):
         self.settings = VllmDecodeSettings.from_additional_config(vllm_config.additional_config)
-        why = refusal(vllm_config.model_config.model, self.settings.mode)
-        if why:
-            raise PluginError(why)
+        check_servable(vllm_config.model_config.model, self.settings)  # CannotServe: the reason and the fix
         refuse_unsupported(vllm_config)
         if vllm_config.num_speculative_tokens != self.settings.canvas_length:
             raise PluginError(

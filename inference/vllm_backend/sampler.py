@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 
 from bdcore.capabilities import Capabilities
-from bdcore.decode.config import DecodeConfig
 from bdcore.decode.modes import Decoder, SelfSpecDecoder, make_decoder
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence
 from bdcore.decode.speculation import Layout
+from bdcore.serving_gate import resolve
 from inference.vllm_backend.masks import AttentionSpec, ranges_for
 from inference.vllm_backend.settings import VllmDecodeSettings
 
@@ -97,15 +97,10 @@ class RequestDecoder:
         self._emitted_before = 0
 
     def _resolved(self):
+        # The gate held these settings to the checkpoint when the command was built and when vLLM loaded the
+        # model; asked again with what the settings carry of the sidecar, it fills their defaults the same way.
         s = self.settings
-        draft = s.size if s.mode == "self-spec" else None
-        block = s.size if s.mode == "diffusion" else None
-        config = DecodeConfig(
-            mode=s.mode, block_size=block, threshold=s.threshold, steps=s.steps, draft_len=draft, fuse_commit=False
-        )
-        # The settings were resolved against the checkpoint when the command was built; `size` is its canvas.
-        caps = Capabilities(bd_size=s.size, mask_id=s.mask_id, within_block_causal=s.within_block_causal)
-        return config.resolve(caps)
+        return resolve(Capabilities.from_sidecar(s.sidecar()), s.decode_config(), "vllm")
 
     @property
     def stats(self) -> DecodeStats:

@@ -3,14 +3,15 @@
 `serve.py --backend vllm` (our environment) writes them into vLLM's `--additional-config` as
 `{"bdstack": {...}}`; the plugin (vLLM's environment, other pins) reads them back from
 `vllm_config.additional_config`. Defaults and limits come from `bdcore.decode.config`, the native
-engine's own definitions. Stdlib + bdcore.decode.config only.
+engine's own definitions. Stdlib + bdcore (stdlib only at import) only.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from bdcore.decode.config import denoise_budget
+from bdcore.decode.config import DecodeConfig, denoise_budget
+from bdcore.sidecar import Sidecar
 
 MODES = ("diffusion", "self-spec")
 ADDITIONAL_CONFIG_KEY = "bdstack"
@@ -54,6 +55,16 @@ class VllmDecodeSettings:
     @property
     def denoise_steps(self) -> int:
         return denoise_budget(self.size, self.steps)
+
+    def decode_config(self) -> DecodeConfig:
+        """These settings as the decode settings the serving gate judges (vLLM's commits are unfused)."""
+        size = dict(draft_len=self.size) if self.mode == "self-spec" else dict(block_size=self.size)
+        return DecodeConfig(self.mode, threshold=self.threshold, steps=self.steps, fuse_commit=False, **size)
+
+    def sidecar(self) -> Sidecar:
+        """What of the checkpoint's sidecar the settings carry into vLLM's process, where the sampler decodes:
+        the canvas stands for the trained block (the gate held it to the block when the command was built)."""
+        return Sidecar(bd_size=self.size, mask_id=self.mask_id, within_block_causal=self.within_block_causal)
 
     @property
     def canvas_length(self) -> int:
