@@ -9,7 +9,9 @@ So a served projection:
   ~3; drafts only, the served tokens stay the base model's);
 - keeps B as (scaling * B)^T, contiguous, so one `mm` and one in-place add over the slice of drafting rows
   finish it;
-- shares one A product with the projections that read the same input (`_InputGroup`: q/k/v, gate/up).
+- shares one A product with the projections that read the same input (`_InputGroup`: q/k/v, gate/up);
+- drafts with the adapter cut to the singular directions that carry 99% of each term's energy
+  (`truncate_adapter`, `DRAFT_ENERGY`): trained terms are far from full rank, and a CPU pays for bytes.
 
 The rows and their meaning are `bdcore.draft_adapter`'s (`DraftGate.plan`): non-drafting rows are the base
 projection's output bit for bit, drafting rows peft's LoRA to rounding. Anything this path does not cover
@@ -22,6 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from bdcore.draft_adapter import ADAPTER_NAME, SERVED_ATTR, draft_gate, draft_rows, general_forward
+
+# The share of each LoRA term's energy a served draft adapter keeps (`truncate_adapter`). SmolLM2-135M's
+# 30-minute adapter: 0.99 keeps 13.8 of 32 directions on average, drafts 1.556 tokens per forward on the
+# held-out answers against 1.568 uncut, and its 8-row drafting forward costs 1.27x the base's against 1.36x.
+DRAFT_ENERGY = 0.99
 
 
 class _InputGroup:
@@ -60,10 +67,10 @@ class _ServedProjection:
         return result
 
 
-def prepare_serving(model, factor_dtype: torch.dtype | None = None) -> None:
+def prepare_serving(model) -> None:
     """Give every adapted projection of a frozen draft-adapter model its served path (see the module doc). The
     trained weights are left as they are, so the adapter still saves and merges as peft's; call it again after
-    they change. `factor_dtype`: the factors' dtype on that path (default: fp32 for a 16-bit model)."""
+    they change. Directions whose A row or B column is zero (`truncate_adapter`'s cut) are left out."""
     adapted = [
         m
         for m in model.modules()
@@ -71,21 +78,25 @@ def prepare_serving(model, factor_dtype: torch.dtype | None = None) -> None:
         and type(getattr(m, "base_layer", None)) is torch.nn.Linear and m.lora_B[ADAPTER_NAME].bias is None
     ]
     for members in _shared_inputs(model, adapted):
-        a = [m.lora_A[ADAPTER_NAME].weight.detach() for m in members]
-        dtype = factor_dtype or (torch.float32 if a[0].dtype in (torch.bfloat16, torch.float16) else a[0].dtype)
-        group = _InputGroup(torch.cat(a).to(dtype).t().contiguous())
+        dtype = members[0].lora_A[ADAPTER_NAME].weight.dtype
+        dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+        factors = []
+        for m in members:
+            a, b = m.lora_A[ADAPTER_NAME].weight.detach(), m.lora_B[ADAPTER_NAME].weight.detach()
+            live = (a != 0).any(1) & (b != 0).any(0)  # a direction with a zero factor adds exactly nothing
+            factors.append((a[live].to(dtype), (b[:, live].to(dtype) * m.scaling[ADAPTER_NAME]).t().contiguous()))
+        group = _InputGroup(torch.cat([a for a, _ in factors]).t().contiguous())
         start = 0
-        for m, factor in zip(members, a):
-            b = m.lora_B[ADAPTER_NAME].weight.detach().to(dtype) * m.scaling[ADAPTER_NAME]
-            served = _ServedProjection(m, group, slice(start, start + factor.shape[0]), b.t().contiguous())
+        for m, (a, b) in zip(members, factors):
+            served = _ServedProjection(m, group, slice(start, start + a.shape[0]), b)
             object.__setattr__(m, SERVED_ATTR, served)  # not a submodule: no state-dict entry
-            start += factor.shape[0]
+            start += a.shape[0]
 
 
 def truncate_adapter(model, energy: float) -> dict[str, int]:
     """Cut every adapted projection's LoRA term to the fewest singular directions that keep `energy` of its
-    squared Frobenius norm (scaling * B @ A = U S V^T; A, B <- sqrt(S) V^T, U sqrt(S) over the kept ones, the
-    rest zero, so peft's shapes and files stay as they were). A trained adapter's terms are far from full
+    squared Frobenius norm (B @ A = U S V^T; A, B <- sqrt(S) V^T, U sqrt(S) over the kept directions, the rest
+    zero, so peft's shapes and files stay as they were). A trained adapter's terms are far from full
     rank (SmolLM2-135M, rank 32: 8 directions keep 95-99% of the energy), and on a CPU a drafting forward pays
     for its factors' bytes. Returns each projection's kept rank. 1.0 keeps the adapter as it is."""
     if not 0.0 < energy <= 1.0:

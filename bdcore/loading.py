@@ -23,7 +23,7 @@ from bdcore.checkpoint_files import (
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.speculation import read_draft_prior
 from bdcore.draft_adapter import load_draft_adapter
-from bdcore.draft_adapter_serving import prepare_serving
+from bdcore.draft_adapter_serving import DRAFT_ENERGY, prepare_serving, truncate_adapter
 from bdcore.serving_gate import resolve
 from bdcore.sidecar import SIDECAR_NAME, Sidecar, read_sidecar
 from bdcore.tokens import MASK_TOKEN, stop_ids, token_id
@@ -123,7 +123,10 @@ def check_checkpoint(path: str | os.PathLike) -> tuple[dict, PreTrainedTokenizer
     return config, tok, sidecar
 
 
-def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
+def load_checkpoint(
+    path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto", draft_energy: float = DRAFT_ENERGY
+) -> LoadedModel:
+    """`draft_energy`: the share of a draft adapter's LoRA energy kept when served (`truncate_adapter`)."""
     path = Path(path)
     config, tok, sidecar = check_checkpoint(path)
     # Every checkpoint the engine decodes at all decodes causally: asking the gate for causal mode refuses,
@@ -144,8 +147,11 @@ def load_checkpoint(path: str | os.PathLike, *, device: str = "cpu", dtype: str 
             load_draft_adapter(model, adapter, sidecar.mask_id)
         except ValueError as e:
             raise CheckpointError(str(e)) from e
-        prepare_serving(model)
     model = model.to(dev).eval()
+    if sidecar is not None and sidecar.draft_adapter is not None:
+        # drafts only: the served tokens stay the base model's whatever the cut (docs/design.md 8.13)
+        truncate_adapter(model, draft_energy)
+        prepare_serving(model)  # after the move: its factors are plain tensors, not the module's
     name = path.name if path.name != "final" else path.parent.name
     try:
         prior = read_draft_prior(path)

@@ -127,7 +127,7 @@ def code_stamp() -> str:
     projections): a measurement made before a change to them (session 43 cut a drafting forward's cost by a
     fifth) would mislead the policy until the cache was cleared by hand."""
     root = Path(__file__).resolve().parent
-    files = sorted(root.glob("*.py")) + [root.parent / "draft_adapter.py"]
+    files = sorted(root.glob("*.py")) + [root.parent / f for f in ("draft_adapter.py", "draft_adapter_serving.py")]
     return hashlib.sha1(b"".join(f.read_bytes() for f in files)).hexdigest()[:12]
 
 
