@@ -117,18 +117,63 @@ def total_variation(seen: Counter, exact: dict[tuple, float]) -> float:
     )
 
 
-@pytest.mark.e2e
-def test_sampled_self_spec_follows_the_ar_distribution(loaded):
-    """The joint law of 4 sampled tokens (top-k 2: at most 16 sequences) matches the exact AR law,
-    computed by enumerating every path; self-spec's warm steps accept drafts by rejection sampling."""
+def ar_law_case(loaded) -> tuple[list[int], dict, dict[tuple, float]]:
+    """The statistical check's prompt, sampling settings (top-k 2, 4 tokens) and exact AR law (Qwen3 only)."""
     if loaded.model.config.model_type != "qwen3":
         pytest.skip("one architecture is enough for the statistical check")
     ids = _prompts(loaded.tokenizer, 1, seed=5)[0]
     params = dict(temperature=1.0, top_k=2, max_tokens=4)
-    exact = ar_law(loaded, ids, params)
+    return ids, params, ar_law(loaded, ids, params)
+
+
+@pytest.mark.e2e
+def test_sampled_self_spec_follows_the_ar_distribution(loaded):
+    """The joint law of 4 sampled tokens (top-k 2: at most 16 sequences) matches the exact AR law,
+    computed by enumerating every path; self-spec's warm steps accept drafts by rejection sampling."""
+    ids, params, exact = ar_law_case(loaded)
     n = 1200
     for mode, canvases in (("causal", "last"), ("self-spec", "last"), ("self-spec", "all")):
         engine = Engine(loaded, DecodeConfig(mode=mode, draft_len=4, self_spec_canvases=canvases))
         seen = Counter(tuple(engine.generate(ids, SamplingParams(**params, seed=s)).tokens) for s in range(n))
         tv = total_variation(seen, exact)
         assert tv < 0.08, (mode, canvases, tv)
+
+
+def test_seeded_drafting_forward(loaded):
+    """`Layout.seeded` (SGLang's self-spec rounds): after a causal step, one canvas [pending, MASK x L] at the
+    pending token's place drafts from its rows 0..L-1, keeps nothing and emits nothing; the verify after it
+    checks those drafts at the positions after the pending token."""
+    from bdcore.decode.modes import SelfSpecDecoder
+    from bdcore.decode.sequence import AnswerTokens, DecodeStats, EngineOwnedCache, Sequence
+    from bdcore.decode.speculation import Layout
+
+    ids, mask = _prompts(loaded.tokenizer, 1, seed=6)[0], loaded.mask_id
+    out = AnswerTokens(loaded.stop_ids, 32, DecodeStats())
+    seq = Sequence(ids, SamplingParams(), torch.Generator(), out, mask, loaded.stop_ids, cache=EngineOwnedCache())
+    dec, one = SelfSpecDecoder(seq, draft_len=4), OneSequence(loaded.model, banned=mask)
+    dec.layout = Layout(0, 3, 0, seeded=True)
+    with pytest.raises(ValueError, match="cannot be the prefill"):
+        dec.next_forward()
+
+    def step(layout):
+        dec.layout = layout
+        fwd = dec.next_forward()
+        logits = one.forward(fwd.rows, fwd.keep, rollback=fwd.rollback)
+        seq.cache.length += fwd.keep
+        dec.take(logits)
+        one.crop_to(seq.cache.length)
+        return fwd, logits
+
+    step(Layout(0, 0, 0))  # the prefill, a plain causal step: emits the first token, caches the prompt
+    c, pending = len(ids), out.tokens[-1]
+    fwd, logits = step(Layout(0, 3, 0, seeded=True))
+    want = Rows().canvas([pending, mask, mask, mask], c)
+    assert (fwd.rows, fwd.keep) == (want, 0) and out.tokens == [pending] and seq.cache.length == c
+    assert dec.drafts == logits[:3].argmax(-1).tolist()
+    drafts = list(dec.drafts)
+    fwd, logits = step(Layout(2, 0, 2))
+    assert fwd.rows == Rows().clean([pending, *drafts[:2]], c) and fwd.rollback
+    k = greedy_accept(torch.tensor(drafts[:2]), logits.argmax(-1))
+    emitted = out.tokens + ([out.stop_token] if out.stop_token is not None else [])
+    assert emitted == [pending, *drafts[:k], int(logits[k].argmax())] and seq.cache.length == c + 1 + k
+    assert dec.drafts is None and dec.q is None

@@ -1,4 +1,4 @@
-"""The decode core shared by the native engine, the SGLang algorithms and the trainer's rollouts.
+"""The decode core shared by the native engine, the SGLang and vLLM adapters and the trainer's rollouts.
 
 - `config.py`: the decode modes and settings (`DecodeConfig`), defaults filled from the checkpoint;
 - `sampling.py`: logits -> distribution -> token (temperature, top-k, top-p, the `<|mask|>` ban);

@@ -188,6 +188,10 @@ class SelfSpecDecoder(Decoder):
       row k already drafted the tokens after the emitted AR token, so every step after the prefill is a
       verify step: no cold steps, N + N(N-1) rows a forward.
 
+    A backend that cannot mix causal and canvas rows in one forward (SGLang) splits a step instead: a
+    causal step, a `seeded` drafting forward ([pending, MASK x L], `Layout.seeded`), then a verify step
+    without a canvas.
+
     Any layout, any step, emits the AR head's tokens (greedy acceptance, or rejection sampling against the
     drafts' own distributions): the layout changes speed, never the output."""
 
@@ -209,6 +213,11 @@ class SelfSpecDecoder(Decoder):
 
     def next_forward(self) -> Forward:
         lay, c, mask = self.layout, self.c, self.seq.mask_id
+        if lay.seeded:  # the canvas holds the pending token at its place: rows c..c+L-1 draft c+1..c+L
+            if self.prefill:
+                raise ValueError("a seeded drafting forward follows a pending token: it cannot be the prefill")
+            self.step = lay
+            return Forward(Rows().canvas([self.pending] + [mask] * lay.canvas, c), 0)
         if self.prefill:  # the canvas sits at the first token's place: rows c..c+L-1 draft c+1..c+L
             rows = Rows().clean(self.seq.prompt_ids, 0)
             if lay.canvas:
@@ -226,6 +235,10 @@ class SelfSpecDecoder(Decoder):
         c, seq, step = self.c, self.seq, self.step
         seq.stats.drafted[step.canvas] += 1
         crop, self.last_verify = None, None
+        if step.seeded:  # drafts only: nothing verified, emitted or cached
+            self._draft(logits[: step.canvas])
+            self.stale = False
+            return None
         if self.prefill:
             self.prefill = False
             ar_rows = logits[c - 1 : c]  # the AR rows that produced the emitted tokens
@@ -256,8 +269,8 @@ class SelfSpecDecoder(Decoder):
         if step.canvas and k >= step.first_canvas:
             self._draft(logits[canvas_at : canvas_at + step.canvas])
             self.stale = k < step.drafts  # drafted past the AR head's correction, which it did not see
-        else:
-            self.drafts = None
+        else:  # no drafts in hand (nor their distributions, which a sampled request holds on the device)
+            self.drafts, self.q = None, None
         self.finished = seq.out.push(emitted, seq.score(ar_rows, emitted))
         self.pending = emitted[-1]
         return crop

@@ -1,7 +1,7 @@
 """The decode rules of docs/design.md section 6, backend-neutral: plain tensors in, decisions out.
 
-The native engine, the SGLang algorithms and the trainer's rollouts all call these, so the logic CI
-tests on CPU is the logic that runs on GPUs.
+The decoders (`modes.py`) call these for the native engine, the SGLang and vLLM adapters and the trainer's
+rollouts alike, so the logic CI tests on CPU is the logic that runs on GPUs.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import torch
 
 from bdcore.decode.gated_delta_layers import DecodePlan, patch_for_decode
 from bdcore.decode.rows import CANVAS_STREAM, Forward, decode_mask
+from bdcore.decode.sampling import ban
 from bdcore.decode.sequence import SequenceCache
 from bdcore.draft_adapter import draft_rows
 from bdcore.gated_delta import is_hybrid
@@ -77,9 +78,7 @@ class ModelRunner:
         """Logits as ordinary fp32 tensors, which callers may change and train on (rollouts)."""
         with self._no_autograd():
             raw = self._forward_padded(batch)
-        logits = raw.to(torch.float32, copy=True)
-        if self.banned is not None:
-            logits[..., self.banned] = float("-inf")
+        logits = ban(raw, self.banned)
         return [logits[b, : len(op.rows.tokens)] for b, (_, op) in enumerate(batch)]
 
     def _no_autograd(self):

@@ -60,6 +60,16 @@ def probabilities(logits: torch.Tensor, params: SamplingParams, banned: int | No
     return probs
 
 
+def ban(logits: torch.Tensor, banned: int | None) -> torch.Tensor:
+    """Logits as an fp32 copy with `banned` (`<|mask|>`) at -inf: what the native runner hands the decoders,
+    and what the SGLang and vLLM adapters make of their engines' logits, so that a greedy commit's confidence
+    (the plain softmax) is the same everywhere."""
+    logits = logits.to(torch.float32, copy=True)
+    if banned is not None:
+        logits[..., banned] = float("-inf")
+    return logits
+
+
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row from `probs` [..., V]."""
     flat = probs.reshape(-1, probs.shape[-1])

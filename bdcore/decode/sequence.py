@@ -126,6 +126,17 @@ class SequenceCache:
         self.values = [v[:, :length] for v in self.values]
 
 
+class EngineOwnedCache:
+    """A sequence's cache where the serving engine owns the keys/values (vLLM, SGLang): the decoder only says
+    how long the cache is and where to crop it, and the engine's adapter applies that to its own KV."""
+
+    def __init__(self) -> None:
+        self.length = 0
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+
 @dataclass
 class Sequence:
     prompt_ids: list[int]
@@ -136,7 +147,7 @@ class Sequence:
     stop_ids: frozenset[int]
     block_causal: bool = False  # the checkpoint's clean stream is block-causal (clean_causal off)
     shift: bool = True  # False: an unshifted (single-stream) checkpoint, whose canvas row j predicts slot j
-    cache: SequenceCache = field(default_factory=SequenceCache)
+    cache: SequenceCache | EngineOwnedCache = field(default_factory=SequenceCache)
 
     @classmethod
     def for_checkpoint(cls, caps: Capabilities, prompt_ids, params, generator, out) -> Sequence:

@@ -46,14 +46,22 @@ class AutoDraft:
 @dataclass(frozen=True)
 class Layout:
     """One self-spec step: verify `drafts` drafts (clean rows [pending, d1..d_drafts]), and draft the next
-    step with canvases of `canvas` masks after the clean rows `first_canvas`..`drafts`."""
+    step with canvases of `canvas` masks after the clean rows `first_canvas`..`drafts`.
+
+    `seeded`: a drafting forward of its own instead, for a backend whose forwards are all causal or all
+    bidirectional (SGLang): one canvas [pending, MASK x canvas] at the pending token's position, the pending
+    token its visible slot 0 as a diffusion block's seed, drafts the `canvas` tokens after it; it verifies
+    and emits nothing, and keeps nothing cached. No policy picks it."""
 
     drafts: int
     canvas: int
     first_canvas: int = 0
+    seeded: bool = False
 
     @property
     def rows(self) -> int:
+        if self.seeded:
+            return 1 + self.canvas
         return 1 + self.drafts + (self.drafts + 1 - self.first_canvas) * self.canvas if self.canvas else 1 + self.drafts
 
     def canvas_rows(self) -> range:

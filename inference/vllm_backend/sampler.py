@@ -24,23 +24,13 @@ import torch
 from bdcore.capabilities import Capabilities
 from bdcore.decode.modes import Decoder, SelfSpecDecoder, make_decoder
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence
+from bdcore.decode.sequence import AnswerTokens, DecodeStats, EngineOwnedCache, Sequence
 from bdcore.decode.speculation import Layout
 from bdcore.serving_gate import resolve
 from inference.vllm_backend.masks import AttentionSpec, ranges_for
 from inference.vllm_backend.settings import VllmDecodeSettings
 
 EXTRA_ARGS_KEY = "bdstack"  # SamplingParams.extra_args["bdstack"] = {"temperature", "top_k", "top_p"}
-
-
-class KvLength:
-    """Stands in for a sequence's cache: vLLM owns the KV, the decoder only says where to crop it."""
-
-    def __init__(self) -> None:
-        self.length = 0
-
-    def crop(self, length: int) -> None:
-        self.length = min(self.length, length)
 
 
 @dataclass(frozen=True)
@@ -87,7 +77,7 @@ class RequestDecoder:
         self.settings = settings
         self.out = AnswerTokens(settings.stop_ids, params.max_tokens, DecodeStats())
         self.seq = Sequence(
-            list(prompt_ids), params, generator, self.out, settings.mask_id, settings.stop_ids, cache=KvLength()
+            list(prompt_ids), params, generator, self.out, settings.mask_id, settings.stop_ids, cache=EngineOwnedCache()
         )
         self.decoder: Decoder = make_decoder(self._resolved(), self.seq)
         if isinstance(self.decoder, SelfSpecDecoder):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bdcore.decode.sampling import SamplingParams
+from bdcore.decode.sampling import SamplingParams, ban
 from inference.vllm_backend.masks import AttentionSpec, NotExpressible
 from inference.vllm_backend.sampler import RequestDecoder, Step
 from inference.vllm_backend.settings import VllmDecodeSettings
@@ -55,11 +55,6 @@ class CanvasRequest:
     def finished(self) -> bool:
         return self.req.finished
 
-    def _banned(self, logits: torch.Tensor) -> torch.Tensor:
-        logits = logits.float().clone()
-        logits[..., self.settings.mask_id] = float("-inf")  # the native runner bans <|mask|> the same way
-        return logits
-
     def prefill(self, last_row: torch.Tensor) -> Emission:
         """The prompt's forward, from its last row's logits [V] alone (vLLM gives a diffusion prefill none)."""
         if self.planned is not None:
@@ -68,7 +63,7 @@ class CanvasRequest:
         if step.start != 0 or len(step.tokens) != self.prompt_len or step.attention != AttentionSpec(True, ()):
             raise NotExpressible("the decoder's first forward is not a plain causal prefill of the prompt")
         # A prefill decodes from its last row only; the other rows are that row's view (no copy).
-        logits = self._banned(last_row.reshape(1, -1)).expand(self.prompt_len, -1)
+        logits = ban(last_row.reshape(1, -1), self.settings.mask_id).expand(self.prompt_len, -1)
         return self._after(self.req.take(logits), step, kept=0)
 
     def drafts(self) -> list[int]:
@@ -97,7 +92,7 @@ class CanvasRequest:
         if logits.shape[0] < len(step.tokens):  # max_model_len cut the drafts short: the answer ends here
             return self._end(list(self.owed) + [self.settings.end_of_turn_id], logits.shape[0])
         n = len(step.tokens)
-        return self._after(self.req.take(self._banned(logits[:n])), step, kept=logits.shape[0])
+        return self._after(self.req.take(ban(logits[:n], self.settings.mask_id)), step, kept=logits.shape[0])
 
     def _after(self, result, step: Step, *, kept: int) -> Emission:
         """Report what vLLM may keep. `kept`: the step's scheduled rows (0 for the prefill, whose KV vLLM
