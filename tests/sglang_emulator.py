@@ -25,6 +25,7 @@ Forwards run on the native decode runner (`bdcore.decode.runner`), one cache per
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -37,6 +38,8 @@ from bdcore.decode.sequence import SequenceCache
 from bdcore.gated_delta import is_hybrid
 from inference.sglang_backend.algorithms import ShiftedCanvasAlgorithm
 from inference.sglang_backend.command import sglang_stop_ids
+
+_REQUEST_IDS = itertools.count()
 
 
 class Mode:
@@ -165,12 +168,14 @@ def serve(
     max_running_requests: int = 1,
     extend_budget: int | None = None,
     runner: EmulatedModelRunner | None = None,
+    rids: list[str] | None = None,
 ):
-    """Decode the prompts (queued in order), SGLang style. Returns (outputs without the stop token, forwards)."""
+    """Decode the prompts (queued in order), SGLang style. Returns (outputs without the stop token, forwards).
+    Request ids are unique across calls, as SGLang's are, unless `rids` names them."""
     runner = runner or EmulatedModelRunner(loaded)
     B, vocab, stops = algorithm.block_size, len(loaded.tokenizer), sglang_stop_ids(loaded.path, loaded.tokenizer)
-    base = len(runner.caches)
-    waiting = [_Request(f"req-{base + i}", list(p), q) for i, (p, q) in enumerate(zip(prompts, params))]
+    rids = rids or [f"req-{next(_REQUEST_IDS)}" for _ in prompts]
+    waiting = [_Request(rid, list(p), q) for rid, p, q in zip(rids, prompts, params)]
     requests, running = list(waiting), []
     while waiting or running:
         while waiting and len(running) < max_running_requests:

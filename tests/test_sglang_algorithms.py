@@ -5,6 +5,9 @@ engine's. Greedy diffusion must equal the native engine with unfused commits tok
 forwards count), greedy self-spec must equal greedy causal decoding, batched or not.
 """
 
+from collections import Counter
+from dataclasses import replace
+
 import pytest
 import torch
 import yaml
@@ -12,10 +15,11 @@ import yaml
 from bdcore.decode.sampling import SamplingParams
 from bdcore.loading import load_checkpoint
 from inference.native.engine import DecodeConfig, Engine
-from inference.sglang_backend.algorithms import SelfSpec, ShiftedDiffusion, request_params
+from inference.sglang_backend.algorithms import SelfSpec, ShiftedDiffusion
+from inference.sglang_backend.requests import RoundTokens, request_params, request_seed
 from inference.sglang_backend.settings import DIFFUSION, SELF_SPEC, DecodeSettings
 from tests.sglang_emulator import EmulatedModelRunner, emulated, serve
-from tests.test_invariant_4_self_spec import _prompts
+from tests.test_invariant_4_self_spec import _prompts, ar_law_case, total_variation
 from tests.tiny import tiny_checkpoint
 
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
@@ -99,8 +103,11 @@ def test_sampled_self_spec_is_seeded_by_request_and_valid(loaded):
     algo = emulated(SelfSpec)(_settings(loaded, SELF_SPEC))
     prompts = _prompts(loaded.tokenizer, 3, seed=4)
     params = [SamplingParams(temperature=1.0, top_k=20, top_p=0.9, max_tokens=12)] * 3
-    first, _ = serve(loaded, emulated(SelfSpec)(_settings(loaded, SELF_SPEC)), prompts, params, max_running_requests=3)
-    again, _ = serve(loaded, algo, prompts, params)
+    rids = ["a", "b", "c"]
+    first, _ = serve(
+        loaded, emulated(SelfSpec)(_settings(loaded, SELF_SPEC)), prompts, params, max_running_requests=3, rids=rids
+    )
+    again, _ = serve(loaded, algo, prompts, params, rids=rids)
     assert first == again, "each request's generator is seeded from its id: every TP rank draws alike"
     for out in first:
         assert loaded.mask_id not in out and len(out) <= 12
@@ -108,10 +115,10 @@ def test_sampled_self_spec_is_seeded_by_request_and_valid(loaded):
 
 def test_filler_is_reported_as_end_of_turn(loaded):
     s = _settings(loaded, DIFFUSION)
-    algo = ShiftedDiffusion(s)
-    got = algo._emit([5, 6, s.filler_id, 7], "cpu").tolist()
-    assert got == [5, 6, s.end_of_turn_id]
-    assert algo._emit([5, 6, 7], "cpu").tolist() == [5, 6, 7]
+    sink = RoundTokens(s)
+    assert sink.push([5, 6, s.filler_id, 7]) and sink.take() == [5, 6, s.end_of_turn_id]
+    assert not sink.push([5, 6, 7]) and sink.take() == [5, 6, 7]
+    assert sink.push([8, s.end_of_turn_id]) and sink.take() == [8, s.end_of_turn_id]
 
 
 def test_canvas_without_context_pass_is_a_clear_error(loaded):
@@ -188,3 +195,100 @@ def test_hybrid_diffusion_equals_native_unfused(hybrid_wbc):
         (got,), forwards = serve(loaded, algo, [ids], [params])
         ref = native.generate(ids, params)
         assert got == ref.tokens and forwards == ref.stats.forwards
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.95])
+def test_sampled_diffusion_equals_native_unfused_token_for_token(loaded, threshold):
+    """Sampled: the request's generator is seeded from its id; the native engine given that seed draws the same
+    tokens, forward for forward (the same decoder, rules and sampler, the same logits)."""
+    algo = emulated(ShiftedDiffusion)(_settings(loaded, DIFFUSION, threshold=threshold))
+    native = Engine(loaded, DecodeConfig(mode="diffusion", threshold=threshold, fuse_commit=False))
+    prompts = _prompts(loaded.tokenizer, 4, seed=11)
+    rids = [f"sampled-{i}" for i in range(len(prompts))]
+    params = SamplingParams(temperature=1.0, top_k=20, top_p=0.9, max_tokens=20)
+    got, forwards = serve(loaded, algo, prompts, [params] * len(prompts), rids=rids)
+    refs = [native.generate(p, replace(params, seed=request_seed(r))) for p, r in zip(prompts, rids)]
+    assert got == [r.tokens for r in refs]
+    assert forwards == sum(r.stats.forwards for r in refs)
+    assert len({tuple(g) for g in got}) > 1 and any(len(g) > 4 for g in got), "a test that decodes something"
+
+
+def test_sampled_self_spec_follows_the_ar_law(loaded):
+    """Rejection sampling through SGLang's rounds: the joint law of 4 sampled tokens (top-k 2) matches the
+    exact AR law (tests/test_invariant_4_self_spec.py's enumeration), each request drawing from its own id."""
+    ids, params, exact = ar_law_case(loaded)
+    n = 1200
+    algo = emulated(SelfSpec)(_settings(loaded, SELF_SPEC))
+    got, _ = serve(loaded, algo, [ids] * n, [SamplingParams(**params)] * n, max_running_requests=64)
+    tv = total_variation(Counter(tuple(g) for g in got), exact)
+    assert tv < 0.08, tv
+
+
+@pytest.fixture(scope="module")
+def dense_wbc(tmp_path_factory):
+    """A dense checkpoint whose canvas is within-block causal: every canvas forward on SGLang is causal."""
+    import json
+
+    path = tiny_checkpoint(tmp_path_factory.mktemp("dense_wbc"), bd_size=4)
+    sidecar = json.loads((path / "block_diffusion.json").read_text())
+    (path / "block_diffusion.json").write_text(json.dumps(sidecar | {"within_block_causal": True}))
+    return load_checkpoint(path)
+
+
+def test_within_block_causal_dense_equals_native(dense_wbc):
+    loaded = dense_wbc
+    prompts = _prompts(loaded.tokenizer, 4, seed=12)
+    params = [SamplingParams(max_tokens=16)] * len(prompts)
+    runner = EmulatedModelRunner(loaded)
+    algo = emulated(ShiftedDiffusion)(_settings(loaded, DIFFUSION, threshold=0.5, within_block_causal=True))
+    got, _ = serve(loaded, algo, prompts, params, runner=runner)
+    native = Engine(loaded, DecodeConfig(mode="diffusion", threshold=0.5, fuse_commit=False))
+    assert got == [native.generate(p, q).tokens for p, q in zip(prompts, params)]
+    assert not any(bi for _, bi in runner.modes), "the checkpoint's canvas is causal: no forward is bidirectional"
+    got, _ = serve(loaded, emulated(SelfSpec)(_settings(loaded, SELF_SPEC, within_block_causal=True)), prompts, params)
+    causal = Engine(loaded, DecodeConfig(mode="causal"))
+    assert got == [causal.generate(p, q).tokens for p, q in zip(prompts, params)]
+
+
+def test_hybrid_sampled_diffusion_equals_native_unfused(hybrid_wbc):
+    loaded = hybrid_wbc
+    algo = emulated(ShiftedDiffusion)(_settings(loaded, DIFFUSION, threshold=0.5, within_block_causal=True))
+    native = Engine(loaded, DecodeConfig(mode="diffusion", threshold=0.5, fuse_commit=False))
+    params = SamplingParams(temperature=1.0, top_k=20, max_tokens=16)
+    prompts, rids = _prompts(loaded.tokenizer, 3, seed=13), ["h0", "h1", "h2"]
+    got, _ = serve(loaded, algo, prompts, [params] * 3, max_running_requests=3, rids=rids)
+    assert got == [native.generate(p, replace(params, seed=request_seed(r))).tokens for p, r in zip(prompts, rids)]
+
+
+def test_self_spec_rounds_stay_within_the_canvas(loaded):
+    """A round returns 1..N tokens (the emulator asserts it: SGLang writes them over the canvas's N slots), and
+    more than one on average (the AR token, then a correction or bonus after any accepted drafts)."""
+    algo = emulated(SelfSpec)(_settings(loaded, SELF_SPEC))
+    runner = EmulatedModelRunner(loaded)
+    prompts = _prompts(loaded.tokenizer, 4, seed=14)
+    got, _ = serve(loaded, algo, prompts, [SamplingParams(max_tokens=24)] * 4, runner=runner)  # one at a time
+    canvases = [bi for mode, bi in runner.modes if mode == "DLLM_EXTEND"]
+    rounds = len(canvases) // 2
+    assert canvases == [True, False] * rounds, "a round: a bidirectional draft, then a causal verify"
+    # Every round but a request's last emits the AR token and a correction or bonus at least
+    assert 4 * rounds >= sum(len(g) for g in got) >= 2 * (rounds - len(prompts)), (rounds, [len(g) for g in got])
+
+
+def test_mask_logits_are_banned_as_the_native_runner_bans_them(loaded):
+    """SGLang's model does not ban `<|mask|>`: a model that rates it highly everywhere must still commit as the
+    native engine does (its runner bans the mask, so greedy confidences leave it out)."""
+
+    class MaskLovingRunner(EmulatedModelRunner):
+        def forward(self, batch, pp_proxy_tensors=None):
+            out = super().forward(batch, pp_proxy_tensors)
+            for logits in (out.logits_output.next_token_logits, out.logits_output.full_logits):
+                if logits is not None:
+                    logits[..., loaded.mask_id] += 50.0
+            return out
+
+    algo = emulated(ShiftedDiffusion)(_settings(loaded, DIFFUSION, threshold=0.5))
+    native = Engine(loaded, DecodeConfig(mode="diffusion", threshold=0.5, fuse_commit=False))
+    params, prompts = SamplingParams(max_tokens=16), _prompts(loaded.tokenizer, 3, seed=15)
+    got, forwards = serve(loaded, algo, prompts, [params] * 3, runner=MaskLovingRunner(loaded))
+    refs = [native.generate(p, params) for p in prompts]
+    assert got == [r.tokens for r in refs] and forwards == sum(r.stats.forwards for r in refs)

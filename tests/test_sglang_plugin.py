@@ -330,3 +330,24 @@ def test_served_model_name_and_max_batch_reach_sglang(ckpt, capsys, mode):
         assert "--max-running-requests" not in cmd
     else:
         assert cmd[cmd.index("--max-running-requests") + 1] == "3"
+
+
+def test_launcher_imports_only_the_listed_modules():
+    """The launcher runs in SGLang's environment (other torch and transformers pins): the bdstack modules it
+    imports are those README.md lists, and none brings in transformers, safetensors or peft."""
+    code = (
+        "import sys; import inference.sglang_backend.plugin; "
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('bdcore', 'inference', 'train', 'data', 'transformers', 'safetensors', 'peft'))))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    modules = r.stdout.split()
+    readme = (REPO_ROOT / "inference" / "sglang_backend" / "README.md").read_text()
+    listed = readme[readme.index("The launcher imports only") : readme.index("## Launch")]
+    assert not [m for m in modules if m.split(".")[0] in ("transformers", "safetensors", "peft", "train", "data")]
+    packages = {"bdcore", "bdcore.decode", "inference", "inference.sglang_backend"}
+    files = [m.replace(".", "/") + ".py" for m in modules if m not in packages]
+    backend = "inference/sglang_backend/"  # README names these by file name under the folder's own line
+    missing = [f for f in files if f"`{f.removeprefix(backend)}`" not in listed]
+    assert not missing, f"the launcher imports modules README.md does not list: {missing}"

@@ -1,81 +1,72 @@
-"""Shifted block diffusion and self-spec (docs/design.md section 6) against SGLang's dLLM driver contract.
+"""Shifted block diffusion and self-spec (docs/design.md section 6) on SGLang's dLLM driver: adapters that drive
+the shared decoders of `bdcore.decode.modes`, one per request (`requests.py`).
 
 SGLang (0.5.23, `sglang/srt/dllm/`) drives a dLLM algorithm through `run(model_runner, forward_batch,
 algo_states)`. With `requires_separate_context_encoding` it alternates two kinds of batches per request:
 
-- a context pass (an ordinary causal EXTEND forward) over the tokens committed since the last one:
-  exactly our commit forward, and its last row is the AR head's prediction of the next token;
-- a canvas pass (DLLM_EXTEND) over `block_size` slots placed after the committed tokens, attending to
-  their KV; the canvas KV is discarded afterwards, so nothing a canvas forward writes persists.
+- a context pass (an ordinary causal EXTEND forward) over the tokens committed since the last one, whose KV
+  stays; of its logits it gives the algorithm each request's last row (`next_token_logits`);
+- a canvas pass (DLLM_EXTEND) of `block_size` slots per request after the committed tokens, attending to their
+  KV; the canvas KV is discarded afterwards. `run` may spend several model forwards on it and returns, per
+  request, the tokens to commit; SGLang writes them over the canvas's slots of the request's fill ids
+  (`process_batch_result_dllm`), so at most `block_size` of them, appends them to the output, applies its
+  stop tokens and max_new_tokens, and encodes them in the next context pass.
 
-`run` returns, per request, the tokens to commit; SGLang appends them to the output, applies stop
-tokens and max_tokens, and encodes them in the next context pass. This module never imports SGLang:
-it touches `forward_batch.{forward_mode, input_ids, batch_size, rids, seq_lens, sampling_info}` and
-`model_runner.forward(...)` only, so CPU tests drive it with the native engine's forwards. The one
-backend-specific hook, `set_attention`, makes the next forward causal or bidirectional; `plugin.py`
-implements it for SGLang's Triton attention backend. Every forward sets it first (context passes and
-verifies causal, drafts as the checkpoint's `within_block_causal` says): under the plugin's settings
-(no CUDA graphs, no chunked prefill) that backend also makes ordinary EXTEND forwards bidirectional for
-layers left bidirectional, so an attention type inherited from the last canvas would corrupt the
-committed tokens' KV and the next request's prompt.
+The decoders plan every forward and take its logits; the adapters only place those forwards in the passes.
+A forward of committed rows (the prompt, a diffusion block's commit, a self-spec causal step) is a context
+pass, and the decoders read its last row only: SGLang's last row stands for every row. Denoise steps and
+self-spec's drafting and verify forwards run in the canvas pass. What SGLang forces stays here:
 
-Semantics match the native engine with `fuse_commit=False`: the seed (slot 0) is the AR token from
-the context pass, row j of a canvas predicts slot j + 1, commits follow `bdcore.decode.rules`. Self-spec
-spends three forwards per round (context, drafts, causal verify) instead of the native engine's one,
-because SGLang's canvas attention has no per-row mask to mix causal verify rows and MASK rows.
+- **One attention kind per forward** (`set_attention`: causal or bidirectional, no per-row mask), so no
+  forward mixes committed or verify rows with a canvas. Diffusion runs unfused: the native engine's
+  `--no-fuse-commit`, token for token. A self-spec round is three forwards instead of the native one: the
+  context pass (a causal step: the AR token after the committed tokens), a seeded drafting forward
+  ([AR token, MASK x (N-1)]: `Layout.seeded`, bidirectional unless the checkpoint's canvas is causal) and a
+  causal verify of N - 2 of those drafts, so that a round (the AR token, the accepted drafts, then the
+  correction or bonus) stays within the N = `block_size` tokens SGLang takes. The verify is one row short of
+  the canvas pass; a pad row after it, which no row sees under causal attention, fills it.
+- **The context pass owns the commit**: SGLang encodes the tokens a round returned, so the accepted drafts
+  the native engine keeps from its verify forward are encoded again there, and a round's tokens reach SGLang
+  when its canvas pass returns.
+- **Every forward sets its attention first**: under the plugin's settings (no CUDA graphs, no chunked
+  prefill) SGLang's Triton backend makes ordinary EXTEND forwards bidirectional too for layers left
+  bidirectional, so an attention type inherited from the last canvas would corrupt committed tokens' KV.
+- **Hybrids**: `recurrent_state_guard` (plugin.py: the mamba pool's slots) puts each request's gated-delta
+  state back after every canvas forward, which SGLang's kernels would otherwise have advanced.
+- **`<|mask|>`**: SGLang's model does not ban it; the adapters do (`bdcore.decode.sampling.ban`) as the
+  native runner does, so greedy commit confidences are the native engine's.
+
+This module never imports SGLang: it touches `forward_batch.{forward_mode, input_ids, batch_size, rids,
+seq_lens, sampling_info}` and `model_runner.forward(...)` only, so CPU tests drive it with the native
+engine's forwards (tests/sglang_emulator.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-from collections import OrderedDict
 
 import torch
 
-from bdcore.decode.rules import block_decided, denoise_step, first_stop, greedy_accept, speculative_accept
-from bdcore.decode.sampling import SamplingParams, pick
+from bdcore.capabilities import Capabilities
+from bdcore.decode.sampling import ban
+from bdcore.decode.speculation import Layout
+from bdcore.serving_gate import resolve
+from inference.sglang_backend.requests import Request, RequestTable, request_params
 from inference.sglang_backend.settings import DecodeSettings
-
-# SGLang turns temperature 0 into top_k = 1; top_k = -1 or 1 << 30 means the whole vocabulary.
-_GREEDY_TOP_K = 1
-_MAX_TRACKED_REQUESTS = 16384
-
-
-def request_params(sampling_info, index: int, vocab_size: int) -> SamplingParams:
-    """One request's sampling parameters from SGLang's batched `SamplingBatchInfo` (greedy when absent)."""
-    if sampling_info is None:
-        return SamplingParams()
-    top_k = int(sampling_info.top_ks[index])
-    if top_k == _GREEDY_TOP_K:
-        return SamplingParams()
-    temperature = float(sampling_info.temperatures.reshape(-1)[index])
-    top_p = float(sampling_info.top_ps[index])
-    return SamplingParams(
-        temperature=temperature,
-        top_k=0 if top_k <= 0 or top_k >= vocab_size else top_k,
-        top_p=min(max(top_p, 1e-6), 1.0),
-    )
-
-
-def request_generator(rid: str) -> torch.Generator:
-    """A CPU generator seeded from the request id: every tensor-parallel rank draws the same tokens."""
-    seed = int.from_bytes(hashlib.blake2b(rid.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
-    return torch.Generator().manual_seed(seed)
 
 
 class ShiftedCanvasAlgorithm:
-    """What both modes share: the seed from the context pass, per-request sampling, stop handling."""
+    """What both modes share: the requests' decoders, the context pass, the hooks a backend implements."""
 
     def __init__(self, settings: DecodeSettings):
         self.settings = settings
         self.block_size = settings.block_size
         self.mask_id = settings.mask_id
-        self.stop_ids = settings.stop_ids
         self.draft_bidirectional = not settings.within_block_causal
-        # rid -> (seed token, number of committed tokens it follows); rid -> generator
-        self._seeds: dict[str, tuple[int, int]] = {}
-        self._generators: OrderedDict[str, torch.Generator] = OrderedDict()
+        # The gate held these settings to the checkpoint when serve.py wrote them and when the plugin loaded them;
+        # asked again with what they carry of the sidecar, it fills the decoders' defaults the same way.
+        decode = resolve(Capabilities.from_sidecar(settings.sidecar()), settings.decode_config(), "sglang")
+        self.requests = RequestTable(decode, settings, self._start)
 
     # -- the hooks a backend implements ---------------------------------------------------------
     def set_attention(self, model_runner, *, bidirectional: bool) -> None:
@@ -86,6 +77,18 @@ class ShiftedCanvasAlgorithm:
         """Context manager around a canvas forward that leaves every request's recurrent (gated-delta)
         state as it was: the canvas starts from the block-entry state and commits nothing."""
         return contextlib.nullcontext()
+
+    # -- what each mode says --------------------------------------------------------------------
+    def _start(self, req: Request) -> None:
+        """Plan a new request's first forward: its prompt, which the context pass that made it encoded."""
+        req.plan(for_context=True)
+
+    def _after_context(self, req: Request) -> None:
+        """The request's context forward was taken: plan what the next canvas pass runs, if the mode does."""
+
+    def _canvas_pass(self, model_runner, forward_batch) -> tuple[list[torch.Tensor], object]:
+        """Tokens to commit per request, and the last forward's output (None if none ran)."""
+        raise NotImplementedError
 
     # -- SGLang's entry point -------------------------------------------------------------------
     @torch.no_grad()
@@ -108,130 +111,125 @@ class ShiftedCanvasAlgorithm:
             return None, [], None, None, False
         out = self._forward(model_runner, forward_batch, bidirectional=False)  # the clean stream is causal
         logits = out.logits_output.next_token_logits  # [bs, V]: each request's last row
-        lengths = _as_list(forward_batch.seq_lens)
-        for i, rid in enumerate(forward_batch.rids):
-            params = request_params(getattr(forward_batch, "sampling_info", None), i, logits.shape[-1])
-            seed, _ = pick(logits[i : i + 1], params, self.mask_id, self._generator(rid))
-            # A context split into chunks leaves the seed of its last chunk: the one the canvas follows.
-            self._seeds[rid] = (int(seed[0]), int(lengths[i]))
+        info = getattr(forward_batch, "sampling_info", None)
+        for i, (rid, end) in enumerate(zip(forward_batch.rids, _as_list(forward_batch.seq_lens))):
+            req = self._context_request(rid, int(end), lambda i=i: request_params(info, i, logits.shape[-1]))
+            if req is not None:
+                rows = len(req.planned.rows.tokens)  # the decoders read the last of them only
+                req.take(ban(logits[i : i + 1], self.mask_id).expand(rows, -1))
+                self._after_context(req)
         return out.logits_output, [], None, None, out.can_run_graph
 
-    def _canvas_pass(self, model_runner, forward_batch) -> tuple[list[torch.Tensor], object]:
-        """Tokens to commit per request, and the last forward's output (None if none ran)."""
-        raise NotImplementedError
+    def _context_request(self, rid: str, end: int, params) -> Request | None:
+        """The request whose planned context forward SGLang's context pass, ending at `end`, completes; None
+        where the pass holds only a part of it, or encodes again what the decoder has taken."""
+        req = self.requests.get(rid)
+        if req is None or (req.rounds == 0 and not req.for_context and end > req.cached):
+            # A new request; or SGLang cut its prompt at the KV budget and the rest came in this batch, before
+            # any canvas pass: the decoder starts again on the whole prompt.
+            return self.requests.new(rid, end, params())
+        if not req.for_context:
+            if end <= req.cached:  # SGLang retracted the request and encodes its committed tokens again
+                return None
+            raise RuntimeError(f"request {rid}: a context pass up to {end}, but the decoder awaits a canvas pass")
+        want = req.context_end()
+        if end > want:
+            raise RuntimeError(f"request {rid}: the context pass ends at {end}, the decoder's forward at {want}")
+        return req if end == want else None  # short of it: SGLang cut the context at its KV budget
 
-    # -- helpers --------------------------------------------------------------------------------
-    def _generator(self, rid: str) -> torch.Generator:
-        gen = self._generators.get(rid)
-        if gen is None:
-            gen = self._generators[rid] = request_generator(rid)
-            while len(self._generators) > _MAX_TRACKED_REQUESTS:
-                self._generators.popitem(last=False)
-        else:
-            self._generators.move_to_end(rid)
-        return gen
-
-    def _take_seeds(self, forward_batch) -> list[int]:
-        B, seeds = self.block_size, []
-        lengths = _as_list(forward_batch.seq_lens)
-        for i, rid in enumerate(forward_batch.rids):
-            if rid not in self._seeds:
+    def _canvas_requests(self, forward_batch) -> list[Request]:
+        B, out = self.block_size, []
+        for rid, length in zip(forward_batch.rids, _as_list(forward_batch.seq_lens)):
+            req = self.requests.get(rid)
+            if req is None or req.for_context:
                 raise RuntimeError(f"request {rid}: canvas pass without a preceding context pass (no seed)")
-            seed, committed = self._seeds.pop(rid)
-            if committed != int(lengths[i]) - B:
+            if int(length) - B != req.cached:
                 raise RuntimeError(
-                    f"request {rid}: the canvas starts at {int(lengths[i]) - B} but the seed follows {committed} "
-                    "committed tokens; the context pass must end where the canvas starts"
+                    f"request {rid}: the canvas starts at {int(length) - B} but the decoder's committed tokens end "
+                    f"at {req.cached}; the context pass must end where the canvas starts"
                 )
-            seeds.append(seed)
-        return seeds
+            req.rounds += 1
+            out.append(req)
+        return out
 
-    def _params(self, forward_batch, vocab_size: int) -> list[SamplingParams]:
-        info = getattr(forward_batch, "sampling_info", None)
-        return [request_params(info, i, vocab_size) for i in range(forward_batch.batch_size)]
+    def _run_planned(self, model_runner, forward_batch, batch: list[tuple[int, Request]], *, bidirectional: bool):
+        """One canvas-pass forward of the planned forwards of `batch` ((index in the batch, request)); the
+        other requests' slots ride along unread. Returns the forward's output."""
+        B, device = self.block_size, forward_batch.input_ids.device
+        rows = []
+        for _, req in batch:
+            tokens = req.planned.rows.tokens
+            if len(tokens) < B and bidirectional:
+                raise RuntimeError(f"internal: a bidirectional forward of {len(tokens)} rows in a canvas of {B}")
+            rows.append(tokens + [self.mask_id] * (B - len(tokens)))  # pad rows last: causal, so nobody sees them
+        slots = forward_batch.input_ids.view(forward_batch.batch_size, B)
+        slots[torch.tensor([i for i, _ in batch], device=device)] = torch.tensor(rows, device=device).to(slots)
+        out = self._canvas_forward(model_runner, forward_batch, bidirectional=bidirectional)
+        logits = out.logits_output.full_logits.view(forward_batch.batch_size, B, -1)
+        for i, req in batch:
+            req.take(ban(logits[i, : len(req.planned.rows.tokens)], self.mask_id))
+        return out
 
-    def _emit(self, tokens: list[int], device) -> torch.Tensor:
-        """Tokens up to and including the first stop; a filler ends the output like end-of-turn (and is
-        reported as end-of-turn, the stop token SGLang knows from the generation config)."""
-        stop = first_stop(tokens, self.stop_ids)
-        if stop is not None:
-            last = self.settings.end_of_turn_id if tokens[stop] == self.settings.filler_id else tokens[stop]
-            tokens = [*tokens[:stop], last]
-        return torch.tensor(tokens, dtype=torch.long, device=device)
+    def _round_tokens(self, forward_batch, reqs: list[Request]) -> list[torch.Tensor]:
+        """Each request's tokens of this round; a finished request is forgotten."""
+        out = []
+        for rid, req in zip(forward_batch.rids, reqs):
+            out.append(torch.tensor(req.sink.take(), dtype=torch.long, device=forward_batch.input_ids.device))
+            if req.decoder.finished:
+                self.requests.forget(rid)
+        return out
 
 
 class ShiftedDiffusion(ShiftedCanvasAlgorithm):
-    """Canvas `[seed, MASK x (B-1)]`; denoise until every slot is decided (or the answer ended)."""
+    """`DiffusionDecoder` with unfused commits: a context pass commits a block and seeds the next from its last
+    row; the canvas pass denoises that block until it is decided (or the answer ended)."""
+
+    def _after_context(self, req: Request) -> None:
+        self._plan_next(req)
+
+    def _plan_next(self, req: Request) -> None:
+        if not req.decoder.finished:  # a decided block is committed by the next context pass
+            req.plan(for_context=req.decoder.phase != "denoise")
 
     def _canvas_pass(self, model_runner, forward_batch):
-        bs, B, mask = forward_batch.batch_size, self.block_size, self.mask_id
-        seeds = self._take_seeds(forward_batch)
-        canvases = [[seed] + [mask] * (B - 1) for seed in seeds]
-        masked = [[False] + [True] * (B - 1) for _ in seeds]
-        params: list[SamplingParams] | None = None
-        steps, out = 0, None
-        while not all(block_decided(c, m, self.stop_ids) for c, m in zip(canvases, masked)):
-            forward_batch.input_ids.copy_(torch.tensor(canvases, dtype=forward_batch.input_ids.dtype).view(-1))
-            out = self._canvas_forward(model_runner, forward_batch, bidirectional=self.draft_bidirectional)
-            logits = out.logits_output.full_logits.view(bs, B, -1)
-            params = params or self._params(forward_batch, logits.shape[-1])
-            steps += 1
-            for i, rid in enumerate(forward_batch.rids):
-                if block_decided(canvases[i], masked[i], self.stop_ids):
-                    continue
-                denoise_step(
-                    logits[i, :-1],
-                    canvases[i],
-                    masked[i],
-                    params[i],
-                    self._generator(rid),
-                    banned=mask,
-                    threshold=self.settings.threshold,
-                    last_step=steps >= self.settings.denoise_steps,
-                )
-        device = forward_batch.input_ids.device
-        return [self._emit(c, device) for c in canvases], out
+        reqs, out = self._canvas_requests(forward_batch), None
+        while denoising := [(i, r) for i, r in enumerate(reqs) if r.planned is not None and not r.for_context]:
+            out = self._run_planned(model_runner, forward_batch, denoising, bidirectional=self.draft_bidirectional)
+            for _, req in denoising:
+                self._plan_next(req)
+        return self._round_tokens(forward_batch, reqs), out
 
 
 class SelfSpec(ShiftedCanvasAlgorithm):
-    """Drafts from `[seed, MASK x (N-1)]`, verified by a causal forward over `[seed, drafts]`.
+    """`SelfSpecDecoder` in rounds of three forwards (module docstring): the context pass's causal step emits
+    the AR token, a seeded canvas drafts after it, a causal forward verifies N - 2 drafts. Lossless: greedy
+    output equals greedy causal output token for token, sampled output follows the AR law."""
 
-    Emits the seed, the accepted drafts and the AR correction (at most N tokens: the canvas length;
-    when every draft is accepted the bonus token is left to the next context pass, which predicts the
-    same distribution). Greedy output equals greedy causal output token for token.
-    """
+    def __init__(self, settings: DecodeSettings):
+        super().__init__(settings)
+        N = self.block_size
+        self.causal_step = Layout(0, 0, 0)  # the prompt's prefill too: no canvas rides along a context pass
+        self.drafting = Layout(0, N - 1, 0, seeded=True)  # N rows: the canvas pass's width
+        self.verifying = Layout(N - 2, 0, N - 2)  # N - 1 rows; at N = 2 a causal step
+
+    def _start(self, req: Request) -> None:
+        req.decoder.layout = self.causal_step
+        req.plan(for_context=True)
 
     def _canvas_pass(self, model_runner, forward_batch):
-        bs, N, mask = forward_batch.batch_size, self.block_size, self.mask_id
-        seeds = self._take_seeds(forward_batch)
-        ids = forward_batch.input_ids
-        if all(s in self.stop_ids for s in seeds):  # every answer ends at its seed: no drafts needed
-            return [self._emit([s], ids.device) for s in seeds], None
-        ids.copy_(torch.tensor([[s] + [mask] * (N - 1) for s in seeds], dtype=ids.dtype).view(-1))
-        drafted = self._canvas_forward(model_runner, forward_batch, bidirectional=self.draft_bidirectional)
-        logits = drafted.logits_output.full_logits.view(bs, N, -1)
-        params = self._params(forward_batch, logits.shape[-1])
-        drafts, q = [], []
-        for i, rid in enumerate(forward_batch.rids):
-            d, qi = pick(logits[i, :-1], params[i], mask, self._generator(rid))
-            drafts.append(d.cpu())
-            q.append(None if qi is None else qi.cpu())  # greedy: no distribution
-        ids.copy_(torch.stack([torch.cat([torch.tensor([s]), d]) for s, d in zip(seeds, drafts)]).to(ids).view(-1))
-        last = self._canvas_forward(model_runner, forward_batch, bidirectional=False)
-        verify = last.logits_output.full_logits.view(bs, N, -1)
-        out = []
-        for i, rid in enumerate(forward_batch.rids):
-            ar, p = pick(verify[i], params[i], mask, self._generator(rid))
-            if params[i].greedy:
-                k = greedy_accept(drafts[i], ar.cpu())
-                correction = int(ar[k])
-            else:
-                k, correction = speculative_accept(drafts[i], q[i], p.cpu(), self._generator(rid))
-            emitted = [seeds[i], *drafts[i][:k].tolist()]
-            if k < N - 1:
-                emitted.append(correction)
-            out.append(self._emit(emitted, ids.device))
-        return out, last
+        reqs, out = self._canvas_requests(forward_batch), None
+        live = [(i, r) for i, r in enumerate(reqs) if not r.decoder.finished]  # else the AR token was a stop
+        steps = [(self.drafting, self.draft_bidirectional)] if self.verifying.drafts else []
+        for layout, bidirectional in [*steps, (self.verifying, False)] if live else []:
+            for _, req in live:
+                req.decoder.layout = layout
+                req.plan(for_context=False)
+            out = self._run_planned(model_runner, forward_batch, live, bidirectional=bidirectional)
+        for _, req in live:
+            if not req.decoder.finished:
+                req.decoder.layout = self.causal_step
+                req.plan(for_context=True)
+        return self._round_tokens(forward_batch, reqs), out
 
 
 def _as_list(values) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from bdcore.decode.config import DecodeConfig, denoise_budget
+from bdcore.sidecar import Sidecar
 
 DIFFUSION = "BdstackDiffusion"
 SELF_SPEC = "BdstackSelfSpec"
@@ -71,6 +72,12 @@ class DecodeSettings:
         """These settings as the decode settings the serving gate judges (SGLang's commits are unfused)."""
         size = dict(draft_len=self.block_size) if self.mode == "self-spec" else dict(block_size=self.block_size)
         return DecodeConfig(self.mode, threshold=self.threshold, steps=self.steps, fuse_commit=False, **size)
+
+    def sidecar(self) -> Sidecar:
+        """What of the checkpoint's sidecar the settings carry into SGLang's process, where the algorithms decode:
+        the canvas stands for the trained block (the gate held it to the block when serve.py wrote the settings
+        and when the plugin loaded them)."""
+        return Sidecar(bd_size=self.block_size, mask_id=self.mask_id, within_block_causal=self.within_block_causal)
 
     def to_dict(self) -> dict:
         return asdict(self)
