@@ -173,6 +173,14 @@ class _SwapMaskRow:
         return torch.where((args[0] == self.mask_id)[..., None], row.to(out.dtype), out)
 
 
+def attach_mask_row(embed: torch.nn.Module, row: torch.Tensor, mask_id: int) -> None:
+    """Serve a frozen trained `<|mask|>` row on an input embedding module that has none (the vLLM plugin's
+    embedding): the same swap as a trained adapter's (`_SwapMaskRow`), the row a buffer outside the state
+    dict (the module's own weights load as they are)."""
+    embed.register_buffer(MASK_ROW, row.detach().clone(), persistent=False)
+    embed.register_forward_hook(_SwapMaskRow(mask_id))
+
+
 def add_lora(model, spec: LoraSpec, mask_id: int):
     """Inject the LoRA adapters and the trainable `<|mask|>` row into `model` in place; only they train.
     A draft-only adapter also gets its gate. Returns the model."""

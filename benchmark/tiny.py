@@ -123,3 +123,30 @@ def tiny_checkpoint(
         ),
     )
     return directory
+
+
+def randomize_adapter(model, seed: int = 0, scale: float = 0.3) -> None:
+    """LoRA B starts at zero (a no-op adapter): give every adapter weight a value that changes outputs."""
+    from bdcore.draft_adapter import MASK_ROW
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name or MASK_ROW in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def draft_checkpoint(directory, arch: str = "qwen3", seed: int = 0):
+    """tiny_checkpoint's base weights untouched, plus a random draft-only adapter (rank 4, every linear
+    projection, a trained-looking <|mask|> row) and a sidecar naming it (the tests and the vLLM contract)."""
+    from bdcore.draft_adapter import ADAPTER_DIR, LoraSpec, add_lora, save_adapter
+    from bdcore.sidecar import Sidecar, read_sidecar, write_sidecar
+
+    tiny_checkpoint(directory, arch=arch, bd_size=4)
+    sidecar = read_sidecar(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    add_lora(model, LoraSpec(rank=4, alpha=8, draft_only=True), sidecar.mask_id)
+    randomize_adapter(model, seed)
+    save_adapter(model, model.state_dict(), directory / ADAPTER_DIR)
+    write_sidecar(directory, Sidecar(**{**sidecar.__dict__, "draft_adapter": ADAPTER_DIR}))
+    return directory

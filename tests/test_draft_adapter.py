@@ -8,14 +8,14 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.sampling import SamplingParams
-from bdcore.draft_adapter import ADAPTER_DIR, MASK_ROW, LoraSpec, add_lora, merged_state_dict, save_adapter
+from bdcore.draft_adapter import ADAPTER_DIR, MASK_ROW, LoraSpec, add_lora, merged_state_dict
 from bdcore.loading import load_checkpoint
 from bdcore.serving_gate import CannotServe
 from bdcore.sidecar import Sidecar, SidecarError, read_sidecar, write_sidecar
+from benchmark.tiny import draft_checkpoint, randomize_adapter  # noqa: F401 (draft_checkpoint: other tests import it here)
 from inference.native.engine import Engine
 from tests.test_invariant_3_engine_denoise import check_engine_canvas_logits
 from tests.test_invariant_4_self_spec import _prompts
@@ -28,30 +28,10 @@ from train.rows import SpecialIds, build_batch
 ARCHS = ["qwen3", "qwen3_5"]
 
 
-def randomize_adapter(model, seed: int = 0, scale: float = 0.3) -> None:
-    """LoRA B starts at zero (a no-op adapter): give every adapter weight a value that changes outputs."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name or MASK_ROW in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * scale)
-
-
 def adapted(model, *, draft_only=True, mask_id=MASK_ID, seed=0):
     add_lora(model, LoraSpec(rank=4, alpha=8, draft_only=draft_only), mask_id)
     randomize_adapter(model, seed)
     return model
-
-
-def draft_checkpoint(directory, arch: str):
-    """tiny_checkpoint's base weights untouched, plus a random draft adapter and a sidecar naming it."""
-    tiny_checkpoint(directory, arch=arch, bd_size=4)
-    sidecar = read_sidecar(directory)
-    model = AutoModelForCausalLM.from_pretrained(directory)
-    adapted(model, mask_id=sidecar.mask_id)
-    save_adapter(model, model.state_dict(), directory / ADAPTER_DIR)
-    write_sidecar(directory, Sidecar(**{**sidecar.__dict__, "draft_adapter": ADAPTER_DIR}))
-    return directory
 
 
 def _batch(cfg):

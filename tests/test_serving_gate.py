@@ -4,8 +4,9 @@ settings, and what it says when it does not.
 The table is written out by hand from docs/design.md (sections 5, 6, 8.11, 8.13, 8.14), not derived from the
 gate: the native engine decodes causal everywhere it decodes at all, diffusion on block-diffusion checkpoints
 and self-spec where a token-causal AR head verifies drafts; SGLang and vLLM serve causal on anything (their
-stock engine) and our decodes only on shifted, causal-clean checkpoints without a draft adapter, SGLang
-hybrids only with a within-block-causal canvas, vLLM no hybrid and only the architectures its plugin extends.
+stock engine) and our decodes only on shifted, causal-clean checkpoints, SGLang without a draft adapter and
+hybrids only with a within-block-causal canvas, vLLM draft adapters too (its LoRA routed per token), no hybrid
+and only the architectures its plugin extends.
 That each backend's entry point asks the gate (and nothing else) is tests/test_serving_gate_entry_points.py.
 """
 
@@ -51,7 +52,7 @@ TABLE = {
     "dense, block-causal clean stream": ((C, D), (C,), (C,)),
     "unshifted": ((C, D), (C,), (C,)),
     "unshifted with a causal clean stream": ((), (C,), (C,)),
-    "draft adapter": ((C, D, S), (C,), (C,)),
+    "draft adapter": ((C, D, S), (C,), (C, D, S)),
     "hybrid": ((C, D, S), (C,), (C,)),
     "hybrid, within-block-causal canvas": ((C, D, S), (C, D, S), (C,)),
     "hybrid, block-causal clean stream": ((C, D), (C,), (C,)),
@@ -87,7 +88,7 @@ def test_the_table(kind, backend):
         ("unshifted with a causal clean stream", "native", C, "shift: false with clean_causal: true.*fix the sidecar"),
         ("unshifted hybrid", "native", D, "unshifted .* gated-delta hybrid; train.py writes none"),
         ("plain", "sglang", D, "no block_diffusion.json: it is not a bdstack .* serve it with --mode causal"),
-        ("draft adapter", "sglang", S, "draft-only adapter.* serve it with --backend native"),
+        ("draft adapter", "sglang", S, "draft-only adapter.* serve it with --backend native or --backend vllm"),
         ("dense, block-causal clean stream", "vllm", D, "clean_causal: false need --backend native"),
         ("unshifted with a causal clean stream", "sglang", D, r"unshifted \(shift: false\).*--backend native"),
         ("hybrid", "sglang", D, "bidirectional canvas .* --backend native .*--within_block_causal are served"),

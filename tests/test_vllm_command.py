@@ -73,17 +73,48 @@ def test_refusals_name_the_reason(tmp_path, capsys, kwargs, flags, message):
         dry_run(capsys, [str(model), "--mode", "self-spec", *flags])
 
 
-def test_refuses_a_draft_adapter_and_a_directory_without_sidecar(tmp_path, capsys, dense):
+def test_refuses_a_directory_without_sidecar(tmp_path, capsys):
     with pytest.raises(SystemExit, match="block_diffusion.json"):
         dry_run(capsys, [str(tmp_path), "--mode", "diffusion"])
-    sidecar = json.loads((dense / "block_diffusion.json").read_text())
-    adapted = tmp_path / "adapted"
-    adapted.mkdir()
-    for f in dense.iterdir():
-        (adapted / f.name).write_bytes(f.read_bytes())
-    (adapted / "block_diffusion.json").write_text(json.dumps(sidecar | {"draft_adapter": "draft"}))
-    with pytest.raises(SystemExit, match="draft-only adapter"):
-        dry_run(capsys, [str(adapted), "--mode", "diffusion"])
+
+
+@pytest.fixture(scope="module")
+def drafted(tmp_path_factory):
+    from tests.test_draft_adapter import draft_checkpoint
+
+    return draft_checkpoint(tmp_path_factory.mktemp("drafted") / "c", "qwen3")
+
+
+PROJECTIONS = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "self-spec"])
+def test_a_draft_adapter_is_served_through_vllms_lora(capsys, drafted, mode):
+    cmd = dry_run(capsys, [str(drafted), "--mode", mode], ["--", "--max-lora-rank", "16"])
+    at = cmd.index("--lora-target-modules")
+    assert "--enable-lora" in cmd and flag(cmd, "--max-loras") == "1"
+    assert cmd[at + 1 : at + 1 + len(PROJECTIONS)] == PROJECTIONS  # the adapted projections: no head, no embedding
+    assert cmd[cmd.index("--max-lora-rank") + 1] == "8"  # the smallest vLLM rank holding the adapter's 4 ...
+    assert flag(cmd, "--max-lora-rank") == "16"  # ... and a pass-through comes last and wins
+    settings = VllmDecodeSettings.from_additional_config(json.loads(flag(cmd, "--additional-config")))
+    assert settings.draft_adapter == "draft_adapter" and settings.sidecar().draft_adapter == "draft_adapter"
+    # causal: stock vLLM on the base weights, which the directory holds unchanged
+    causal = dry_run(capsys, [str(drafted), "--mode", "causal"])
+    assert "--enable-lora" not in causal and "--hf-overrides" not in causal
+
+
+def test_a_draft_adapter_vllm_cannot_load_is_refused(tmp_path, capsys, drafted):
+    import shutil
+
+    broken = tmp_path / "c"
+    shutil.copytree(drafted, broken)
+    config = json.loads((broken / "draft_adapter" / "adapter_config.json").read_text())
+    (broken / "draft_adapter" / "adapter_config.json").write_text(json.dumps(config | {"r": 600}))
+    with pytest.raises(SystemExit, match="rank 600 exceeds vLLM 0.33's largest LoRA rank, 512"):
+        dry_run(capsys, [str(broken), "--mode", "diffusion"])
+    (broken / "draft_adapter" / "adapter_config.json").unlink()
+    with pytest.raises(SystemExit, match="adapter_config.json"):
+        dry_run(capsys, [str(broken), "--mode", "self-spec"])
 
 
 def test_auto_considers_vllm(monkeypatch, dense, tmp_path):

@@ -9,12 +9,15 @@ the scheduler keeps drafts - (drafts - len(sampled)) rows (`update_from_output`)
 query_len - num_rejected (`post_update`), both holding the first rows' tokens as output; a request
 stops at its stop token or max_tokens (`check_stop`). The KV cache is the tokens of the kept rows, so a
 wrong position, range, padding or rollback changes the logits or breaks the cache == output invariant.
+A draft-adapter model runs its LoRA at the rows of the step's per-token mapping (`StepGlue.adapter_rows`,
+what the plugin hands vLLM), split by request as vLLM's flat batch is (tests/test_vllm_draft_adapter.py).
 """
 
 import pytest
 import torch
 
 from bdcore.decode.sampling import SamplingParams
+from bdcore.draft_adapter import draft_rows
 from inference.vllm_backend.masks import AttentionSpec, triton_visible
 from inference.vllm_backend.steps import BatchRow, StepGlue
 from tests.test_vllm_sampler import MASK, PROMPTS, settings
@@ -28,14 +31,17 @@ def model():
 
 
 @torch.no_grad()
-def forward(model, cached: list[int], scheduled: list[int], spec: AttentionSpec) -> torch.Tensor:
-    """Logits of the scheduled rows after the cached ones (cache causal, as vLLM's KV holds it)."""
+def forward(model, cached: list[int], scheduled: list[int], spec: AttentionSpec, drafting=None) -> torch.Tensor:
+    """Logits of the scheduled rows after the cached ones (cache causal, as vLLM's KV holds it); a draft adapter
+    acts at the scheduled rows `drafting` names (none by default)."""
     tokens, c = cached + scheduled, len(cached)
     n = len(tokens)
     mask = torch.zeros(1, 1, n, n, dtype=torch.bool)
     mask[0, 0, :c, :c] = torch.ones(c, c, dtype=torch.bool).tril()
     mask[0, 0, c:] = triton_visible(spec, c, len(scheduled))
-    out = model(input_ids=torch.tensor([tokens]), position_ids=torch.arange(n)[None], attention_mask=mask)
+    gate = torch.tensor([[False] * c + (drafting or [False] * len(scheduled))])
+    with draft_rows(model, gate):
+        out = model(input_ids=torch.tensor([tokens]), position_ids=torch.arange(n)[None], attention_mask=mask)
     return out.logits[0, c:].float()
 
 
@@ -61,11 +67,13 @@ def run_vllm(model, s, requests: list[Request], seeds: list[int]) -> list[Reques
             prefill = r.drafts is None
             rows.append(BatchRow(i, 0 if prefill else len(r.drafts), len(r.kv), prefill))
         ranges = glue.attention_ranges(rows)
+        scheduled = [r.prompt if r.drafts is None else r.drafts for _, r in batch]
+        mapping = glue.adapter_rows(rows, [len(x) for x in scheduled])  # one flag per scheduled token, batch order
         for b, (_, r) in enumerate(batch):
-            scheduled = r.prompt if r.drafts is None else r.drafts
             assert r.drafts is None or len(r.drafts) == s.canvas_length  # vLLM schedules the whole width
             spec = AttentionSpec(True, tuple(ranges.get(b, ())))
-            all_logits.append(forward(model, r.kv, scheduled, spec))
+            drafting, mapping = mapping[: len(scheduled[b])], mapping[len(scheduled[b]) :]
+            all_logits.append(forward(model, r.kv, scheduled[b], spec, drafting))
             num_logits.append(rows[b].num_logits)
         flat = torch.cat(all_logits)
         query_end = torch.tensor([len(x) for x in all_logits]).cumsum(0).tolist()

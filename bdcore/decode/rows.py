@@ -50,6 +50,11 @@ class Rows:
         """Clean rows (they come first)."""
         return sum(1 for s in self.stream if s == CLEAN_STREAM)
 
+    def drafting(self) -> list[bool]:
+        """Per row: whether a draft-only adapter acts there (canvas rows; clean rows run the base weights).
+        The native runner's gate and the vLLM plugin's per-token LoRA mapping are both this."""
+        return [s >= CANVAS_STREAM for s in self.stream]
+
     @property
     def block_causal_commit(self) -> bool:
         """The clean rows are a committed block of a block-causal clean stream."""

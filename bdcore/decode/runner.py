@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bdcore.decode.gated_delta_layers import DecodePlan, patch_for_decode
-from bdcore.decode.rows import CANVAS_STREAM, Forward, decode_mask
+from bdcore.decode.rows import Forward, decode_mask
 from bdcore.decode.sampling import ban
 from bdcore.decode.sequence import SequenceCache
 from bdcore.draft_adapter import draft_rows
@@ -129,7 +129,7 @@ class ModelRunner:
             masks = {"full_attention": mask, "linear_attention": plans}
         drafting = torch.zeros(n, Q, dtype=torch.bool, device=dev)  # a draft-only adapter acts at canvas rows only
         for b, (_, op) in enumerate(batch):
-            drafting[b, : len(op.rows.stream)] = torch.tensor(op.rows.stream, device=dev) >= CANVAS_STREAM
+            drafting[b, : len(op.rows.stream)] = torch.tensor(op.rows.drafting(), device=dev)
         with draft_rows(self.model, drafting):
             out = self.model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=kv, use_cache=True)
         for b, (cache, op) in enumerate(batch):

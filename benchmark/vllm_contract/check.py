@@ -9,7 +9,8 @@ and the config objects the plugin reads (`DiffusionConfig` via `create_diffusion
 `--additional-config` dict, `--hf-overrides`); plugin discovery through the `vllm.general_plugins` entry
 point and the VLLM_PLUGINS filter (`load_plugins_by_group`), and `register()` into ModelRegistry; vLLM's
 diffusion request validation (`SamplingParams._validate_diffusion`); the plugin's ModelState and sampler
-over a fake batch (`model_state.py`). Not executed: `create_engine_config`
+over a fake batch (`model_state.py`); a draft adapter through vLLM's LoRA loader, mapping and CPU punica ops
+(`lora.py`). Not executed: `create_engine_config`
 (it inspects the model class in a subprocess, which imports vLLM's GPU model stack: not importable on this
 CPU build), so the names the plugin uses from there are checked in the source (`names.py`).
 """
@@ -24,6 +25,7 @@ import types
 from pathlib import Path
 
 from benchmark.contract_report import Report
+from benchmark.vllm_contract.lora import check_draft_lora
 from benchmark.vllm_contract.model_state import check_model_state
 from benchmark.vllm_contract.names import check_source_names
 
@@ -63,6 +65,7 @@ def check_command(r: Report, parser, case: dict) -> None:
     r.check(engine.max_num_seqs == want, f"{name}: --max-num-seqs {want} (last wins)")
     if case["mode"] == "causal":
         r.check(not engine.hf_overrides and engine.diffusion_config is None, f"{name}: stock vLLM, no plugin flags")
+        r.check(not engine.enable_lora, f"{name}: the base weights, no LoRA")
         return
     diffusion = engine.create_diffusion_config()
     settings = VllmDecodeSettings.from_additional_config(engine.additional_config)
@@ -135,6 +138,7 @@ def main(work: Path) -> int:
     cases = json.loads((work / "commands.json").read_text())
     for case in cases:
         check_command(r, parser, case)
+    check_draft_lora(r, parser, cases, work)
     print(f"vllm contract: {r.passed} checks passed, {len(r.failures)} failed, {len(cases)} commands")
     return 1 if r.failures else 0
 

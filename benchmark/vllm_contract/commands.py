@@ -2,7 +2,8 @@
 
 Runs in our environment (`.venv`): serve.py reads the checkpoint's tokenizer and sidecar, which the vLLM
 side never does. The checkpoint is the tests' tiny dense Qwen3 (a diffusion/self-spec checkpoint the
-plugin serves), also as a self-spec checkpoint trained within-block causal.
+plugin serves), also as a self-spec checkpoint trained within-block causal, and with a draft-only adapter
+(its LoRA is checked through vLLM's loader by `lora.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from benchmark.tiny import tiny_checkpoint
+from benchmark.tiny import draft_checkpoint, tiny_checkpoint
 from inference import serve
 
 VLLM_PYTHON = "/opt/vllm/bin/python"  # never run: only the argv after `-m MODULE` is parsed
@@ -32,7 +33,8 @@ def dry_run(argv: list[str], tail: list[str]) -> list[str]:
 def checkpoints(root: Path) -> dict[str, Path]:
     dense = tiny_checkpoint(root / "dense", arch="qwen3", bd_size=4)
     causal_canvas = tiny_checkpoint(root / "within-block-causal", arch="qwen3", bd_size=4, within_block_causal=True)
-    return {"dense": dense, "within-block-causal": causal_canvas}
+    drafted = draft_checkpoint(root / "draft-adapter")
+    return {"dense": dense, "within-block-causal": causal_canvas, "draft-adapter": drafted}
 
 
 def cases(root: Path) -> list[dict]:

@@ -81,6 +81,7 @@ def check_mode(r, mode: str, size: int) -> None:
 
     state = m.BdstackModelState.__new__(m.BdstackModelState)  # __init__ needs a checkpoint and a VllmConfig
     state.settings, state.glue, state.device = settings, StepGlue(settings), torch.device("cpu")
+    state.draft = None  # no draft adapter (lora.py drives one)
     state.rope_state = state.prompt_embeds_state = None  # DefaultModelState's, for a text model
     state.model = SimpleNamespace(bdstack_prefill_rows=None, bdstack_prefill_logits=None)
     for req_id, prompt in PROMPTS.items():

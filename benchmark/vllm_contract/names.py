@@ -1,7 +1,7 @@
 """vLLM 0.33.0 names the plugin relies on, read from the wheel's source (modules CPU cannot import).
 
-Each entry: (file under vllm/, what must be defined or stated there). Function signatures are read with
-`ast`; the Triton mask rule `masks.triton_visible` restates is pinned by its source lines.
+Each entry: (file under vllm/, what must be defined or stated there, or in which order). Function signatures are
+read with `ast`; the Triton mask rule `masks.triton_visible` restates is pinned by its source lines.
 """
 
 from __future__ import annotations
@@ -55,6 +55,10 @@ PARAMETERS = {
         "inputs_embeds",
     ),
     ("model_executor/models/qwen3.py", "Qwen3ForCausalLM.compute_logits"): ("hidden_states",),
+    # the draft adapter's route (draft_lora.py, lora.py)
+    ("lora/worker_manager.py", "WorkerLoRAManager.__init__"): ("vllm_config", "device", "embedding_modules"),
+    ("lora/worker_manager.py", "WorkerLoRAManager.set_active_adapters"): ("requests", "mapping"),
+    ("lora/model_manager.py", "LoRAModelManager.set_adapter_mapping"): ("mapping",),
 }
 # (file) -> source lines that must be present verbatim (stripped)
 STATEMENTS = {
@@ -117,6 +121,35 @@ STATEMENTS = {
         "mm_ranges = common_attn_metadata.mm_req_doc_ranges",
         "mm_prefix_range=mm_prefix_range_tensor,",
     ),
+    # The draft adapter (draft_lora.py): our worker manager over the runner's model manager, which the model
+    # (the ModelState's) carries; the mapping goes to the punica wrapper with the slot table; on the GPU the
+    # kernels group tokens by LoRA id, so one request's rows may alternate between adapter and none
+    "lora/worker_manager.py": (
+        "class LRUCacheWorkerLoRAManager(WorkerLoRAManager):",
+        "self._adapter_manager = lora_manager",
+        "for lora in loras_map.values():",
+    ),
+    "lora/model_manager.py": (
+        "self.model.lora_manager = self",
+        "punica_wrapper.update_metadata(",
+        "self.lora_index_to_id,",
+        "self.lora_slots + 1,",
+    ),
+    "lora/punica_wrapper/punica_gpu.py": ("self.token_mapping_meta.prepare_tensors(self.token_lora_indices)",),
+    "lora/ops/triton_ops/lora_kernel_metadata.py": ("_, token_indices_sorted_by_lora_ids = torch.sort(",),
+    "model_executor/models/qwen2.py": (
+        "self.embed_tokens = VocabParallelEmbedding(",
+        "return self.embed_tokens(input_ids)",
+    ),
+}
+# (file) -> pairs of lines (stripped) the first of which comes first: the runner loads the LoRA model before it
+# builds the ModelState (which so gets the LoRA-wrapped model), and sets its own LoRA mapping before it asks
+# the ModelState for its inputs (where the plugin sets the per-token one, which so stands for the forward)
+ORDER = {
+    "v1/worker/gpu/model_runner.py": (
+        ("self.model = self.load_lora_model(", "self.model_state = init_model_state("),
+        ("self._set_active_loras(*lora_inputs)", "**self.model_state.prepare_inputs(input_batch, self.req_states),"),
+    ),
 }
 
 
@@ -141,3 +174,8 @@ def check_source_names(r, root: Path) -> None:
         text = {line.strip() for line in (root / file).read_text().splitlines()}
         for line in lines:
             r.check(line in text, f"{file}: no line {line!r}")
+    for file, pairs in ORDER.items():
+        lines = [line.strip() for line in (root / file).read_text().splitlines()]
+        for first, then in pairs:
+            at = [lines.index(x) if x in lines else -1 for x in (first, then)]
+            r.check(0 <= at[0] < at[1], f"{file}: {first!r} before {then!r} (lines {at})")

@@ -14,7 +14,9 @@ sidecar and tokenizer are read here, and what the plugin needs travels on vLLM's
   backend is the one that reads per-request causal flags and bidirectional ranges; the masks change every
   step (no CUDA graphs); canvas KV is rolled back (never a reusable prefix); the seed is the prompt's last row;
 - `--no-async-scheduling`: the plugin plans each request's next forward in the step's sampler and checks
-  it against the scheduler's computed-token count, which async scheduling only settles a step later.
+  it against the scheduler's computed-token count, which async scheduling only settles a step later;
+- a checkpoint with a draft adapter: `--enable-lora` with one slot, its rank and its projections
+  (`draft_adapter.lora_flags`); the plugin loads it through vLLM's LoRA loader and routes it per token.
 
 Stdlib only at import: serve.py imports this for `--backend auto` without vLLM installed.
 """
@@ -90,6 +92,10 @@ def build_bdstack_command(
     cmd += ["--additional-config", _json({"bdstack": settings.to_dict()})]
     cmd += ["--generation-config", "vllm", "--attention-backend", "TRITON_ATTN", "--enforce-eager"]
     cmd += ["--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--no-async-scheduling"]
+    if settings.draft_adapter is not None:
+        from inference.vllm_backend.draft_adapter import lora_flags
+
+        cmd += lora_flags(Path(model) / settings.draft_adapter)
     return cmd + list(extra_args)
 
 
@@ -161,4 +167,5 @@ def bdstack_settings(
         within_block_causal=sidecar.within_block_causal,
         threshold=threshold,
         steps=steps,
+        draft_adapter=sidecar.draft_adapter,
     )

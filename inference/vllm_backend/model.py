@@ -14,7 +14,10 @@ and out (README.md, "The step contract", cites every vLLM line relied on):
   bidirectional ranges as `mm_req_doc_ranges` (batch index -> ranges; the Triton backend reads them);
 - the sampler (`BdstackSampler`): the glue's output as vLLM's `SamplerOutput` (`num_sampled`,
   `num_rejected`), and the next forward's rows written into `req_states.draft_tokens`, which vLLM
-  schedules as the next step's drafts.
+  schedules as the next step's drafts;
+- a checkpoint with a draft adapter: `prepare_inputs` maps vLLM's LoRA to the canvas rows of each forward
+  (`draft_lora.DraftLoRA`, from `StepGlue.adapter_rows`), and the model swaps in the trained `<|mask|>` row
+  (`draft_adapter.py`).
 Imports vLLM's GPU worker modules, which import on CPU too: the contract check runs this shell there
 (`benchmark/vllm_contract/model_state.py`).
 """
@@ -22,6 +25,7 @@ Imports vLLM's GPU worker modules, which import on CPU too: the contract check r
 from __future__ import annotations
 
 import zlib
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -32,7 +36,10 @@ from vllm.v1.worker.gpu.attn_utils import build_attn_metadata
 from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
+from bdcore.draft_adapter import attach_mask_row
 from inference.vllm_backend.checkpoint import check_servable
+from inference.vllm_backend.draft_adapter import load_mask_row
+from inference.vllm_backend.draft_lora import DraftLoRA
 from inference.vllm_backend.plugin import PluginError
 from inference.vllm_backend.sampler import request_params
 from inference.vllm_backend.settings import VllmDecodeSettings
@@ -82,11 +89,18 @@ class BdstackModelState(DefaultModelState):
             )
         super().__init__(vllm_config, model, encoder_cache, device)
         self.glue = StepGlue(self.settings)
+        adapter = self.settings.draft_adapter
+        self.draft = None if adapter is None else DraftLoRA(vllm_config, model, device, draft_dir(vllm_config, adapter))
 
     def get_supported_generation_tasks(self):
         return ("generate",)
 
     def add_request(self, req_index, new_req_data) -> None:
+        if self.draft is not None and getattr(new_req_data, "lora_request", None) is not None:
+            raise PluginError(
+                f"request {new_req_data.req_id} names a LoRA; this server routes the checkpoint's draft adapter to "
+                "canvas rows itself, and a request's own LoRA would act at every row: serve that LoRA elsewhere"
+            )
         super().add_request(req_index, new_req_data)
         params = new_req_data.sampling_params
         ours = request_params(params.extra_args if params else None, params.max_tokens if params else 1)
@@ -99,8 +113,13 @@ class BdstackModelState(DefaultModelState):
 
     def prepare_inputs(self, input_batch, req_states):
         n = input_batch.num_reqs
-        found = self.glue.prefill_rows(batch_rows(input_batch), input_batch.query_start_loc_np[1 : n + 1].tolist())
+        rows = batch_rows(input_batch)
+        found = self.glue.prefill_rows(rows, input_batch.query_start_loc_np[1 : n + 1].tolist())
         self.model.bdstack_prefill_rows = torch.tensor(found, device=self.device) if found else None
+        # after the runner's own LoRA mapping (per request), ours per token; vLLM's warmup and dummy batches
+        # (no request of ours) keep the runner's
+        if self.draft is not None and any(r.req_id in self.glue.requests for r in rows):
+            self.draft.route(self.glue.adapter_rows(rows, input_batch.num_scheduled_tokens[:n].tolist()), n)
         return super().prepare_inputs(input_batch, req_states)
 
     def custom_sampler(self, sampler):
@@ -189,11 +208,25 @@ class BdstackSampler:
         )
 
 
+def draft_dir(vllm_config, adapter: str) -> Path:
+    """The checkpoint's draft adapter directory (`adapter`: the sidecar's name for it, relative to the model)."""
+    return Path(vllm_config.model_config.model) / adapter
+
+
 class BdstackQwen3ForBlockDiffusion(Qwen3ForCausalLM):
-    """vLLM's Qwen3ForCausalLM, plus the logits of the rows vLLM gives none (a completing prompt's last)."""
+    """vLLM's Qwen3ForCausalLM, plus the logits of the rows vLLM gives none (a completing prompt's last), and a
+    draft adapter's trained `<|mask|>` input row where the checkpoint has one (its LoRA is vLLM's)."""
 
     bdstack_prefill_rows: torch.Tensor | None = None  # set by BdstackModelState.prepare_inputs
     bdstack_prefill_logits: torch.Tensor | None = None  # read by BdstackSampler
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        settings = VllmDecodeSettings.from_additional_config(vllm_config.additional_config)
+        if settings.draft_adapter is not None:
+            embed = self.model.embed_tokens
+            row = load_mask_row(draft_dir(vllm_config, settings.draft_adapter), embed.embedding_dim)
+            attach_mask_row(embed, row.to(embed.weight.device, embed.weight.dtype), settings.mask_id)
 
     @staticmethod
     def get_model_state_cls():

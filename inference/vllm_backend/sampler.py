@@ -40,6 +40,7 @@ class Step:
     tokens: list[int]  # scheduled token ids, at positions start, start + 1, ...
     start: int  # = the request's computed tokens before the step
     attention: AttentionSpec
+    drafting: list[bool]  # per row: a draft adapter acts there (`Rows.drafting`: canvas rows)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ class RequestDecoder:
         self._forward = fwd = self.decoder.next_forward()
         start = self.seq.cache.length
         spec = ranges_for(fwd.rows, start, within_block_causal=self.settings.within_block_causal)
-        return Step(list(fwd.rows.tokens), start, spec)
+        return Step(list(fwd.rows.tokens), start, spec, fwd.rows.drafting())
 
     def take(self, logits: torch.Tensor) -> StepResult:
         """Logits [len(step.tokens), V] of the last `next_step` (the mask token already banned, as the

@@ -30,6 +30,9 @@ class VllmDecodeSettings:
     within_block_causal: bool = False  # the checkpoint's canvas attention (sidecar)
     threshold: float = 0.9  # diffusion commit confidence
     steps: int | None = None  # diffusion denoise forwards per block (None: size - 1)
+    # the checkpoint's draft-only adapter directory, relative to it (the sidecar's `draft_adapter`): vLLM loads
+    # it as a LoRA and the plugin routes it to canvas rows only (draft_lora.py); None: no adapter
+    draft_adapter: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -47,6 +50,8 @@ class VllmDecodeSettings:
             raise ValueError("mask_id, end_of_turn_id and filler_id must be three different tokens")
         if self.mask_id in self.other_stop_ids:
             raise ValueError("other_stop_ids must not contain the mask token")
+        if self.draft_adapter is not None and not (isinstance(self.draft_adapter, str) and self.draft_adapter):
+            raise ValueError(f"draft_adapter must be a directory name or None, got {self.draft_adapter!r}")
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -64,7 +69,12 @@ class VllmDecodeSettings:
     def sidecar(self) -> Sidecar:
         """What of the checkpoint's sidecar the settings carry into vLLM's process, where the sampler decodes:
         the canvas stands for the trained block (the gate held it to the block when the command was built)."""
-        return Sidecar(bd_size=self.size, mask_id=self.mask_id, within_block_causal=self.within_block_causal)
+        return Sidecar(
+            bd_size=self.size,
+            mask_id=self.mask_id,
+            within_block_causal=self.within_block_causal,
+            draft_adapter=self.draft_adapter,
+        )
 
     @property
     def canvas_length(self) -> int:

@@ -158,6 +158,18 @@ class StepGlue:
                 ranges[i] = list(req.attention.ranges)
         return ranges
 
+    def adapter_rows(self, rows: list[BatchRow], scheduled: list[int]) -> list[bool]:
+        """Per scheduled token of the step (batch order; `scheduled[i]` tokens of request i): whether the draft
+        adapter acts there (`draft_lora.py` maps it so). A request running its planned forward drafts at that
+        forward's canvas rows; prefill rows, clean rows, padding and other requests' rows run the base weights."""
+        out = []
+        for r, n in zip(rows, scheduled):
+            req = self.requests.get(r.req_id)
+            planned = req.planned if req is not None and r.num_logits else None
+            drafting = planned.drafting[:n] if planned is not None else []
+            out += drafting + [False] * (n - len(drafting))
+        return out
+
     def sample(self, rows: list[BatchRow], logits: torch.Tensor, prefill_logits: torch.Tensor | None) -> list:
         """Per request (batch order): its Emission, and its next drafts (None: keep vLLM's). `logits`
         [sum(num_logits), V] in batch order; `prefill_logits` [len(prefill_rows), V] in the same order."""
