@@ -4,7 +4,10 @@
     python -m benchmark.serving.bench_decode --base-url http://127.0.0.1:30000/v1 --prompts eval.jsonl
 
 Starts `inference/serve.py CKPT` (native engine) in a subprocess unless --base-url is given, then
-sends the same chat requests in every mode (per-request `mode`), at each concurrency, in one run.
+sends the same chat requests in every mode (per-request `mode`), at each concurrency, in one run, in
+interleaved rounds (`--rounds`, benchmark/interleave.py): each slice of the requests is run by every mode and
+the baseline in turn, so a drift of the machine's speed falls on all alike; the table gives each ratio to
+causal's range over the rounds. `--record PATH` also writes the run for `python -m benchmark.report`.
 Prompts are chat JSONL lines (`messages`); when the last message is the assistant's, it is the
 reference answer and accuracy (exact match after strip) is reported. "same" is the share of outputs
 identical to causal mode's for the same prompt.
