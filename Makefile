@@ -14,7 +14,7 @@ DEMO_DIR ?= runs/demo
 DEMO_ARCH ?= qwen3
 SMOKE_DIR ?= runs/smollm2
 
-.PHONY: venv test lint demo demo-rl smoke-smollm2 bench sglang-contract vllm-contract clean
+.PHONY: venv test lint demo demo-rl smoke-smollm2 bench results sglang-contract vllm-contract clean
 
 venv: $(STAMP)
 
@@ -32,7 +32,9 @@ test: lint
 	$(PY) -m pytest -n 2 --dist loadfile
 
 # The offline demo (about 10 minutes on 2 CPU cores): synthetic chats with checkable answers, a tiny
-# Qwen3, AR SFT from scratch (--recipe ar_sft), then block-diffusion conversion through the same CLI.
+# Qwen3, AR SFT from scratch (--recipe ar_sft), then block-diffusion conversion through the same CLI. The speed table
+# times each mode and the AR base's own `generate` on every slice of the requests in turn (10 interleaved rounds, the
+# 100 prompts 3 times over, about 45 s): one pass of ~4 s per mode read self-spec at 0.59-1.57x causal run to run.
 demo: venv
 	rm -rf $(DEMO_DIR)
 	$(PY) -m data.make_demo $(DEMO_DIR)/kit --train 4000 --eval 200 --arch $(DEMO_ARCH)
@@ -44,7 +46,7 @@ demo: venv
 		--log_every 50 --save_dir $(DEMO_DIR)/bd
 	$(PY) -m data.demo_check $(DEMO_DIR)/ar/final $(DEMO_DIR)/kit/eval.jsonl --limit 100
 	$(PY) -m benchmark.serving.bench_decode $(DEMO_DIR)/bd/final --prompts $(DEMO_DIR)/kit/eval.jsonl --num 100 \
-		--concurrency 1 --max-tokens 64 --base $(DEMO_DIR)/ar/final --json $(DEMO_DIR)/serving.json
+		--concurrency 1 --max-tokens 64 --base $(DEMO_DIR)/ar/final --rounds 10 --repeat 3 --json $(DEMO_DIR)/serving.json
 	@echo "AR checkpoint:              $(DEMO_DIR)/ar/final"
 	@echo "block-diffusion checkpoint: $(DEMO_DIR)/bd/final  (block_diffusion.json inside)"
 
@@ -74,6 +76,10 @@ smoke-smollm2: venv
 # Training-step cost: block diffusion vs AR SFT on the same rows (prints the ratio).
 bench: venv
 	$(PY) -m benchmark.train_step
+
+# docs/results.md and its plots from the recorded runs in docs/results/data/ (benchmark/report.py).
+results: venv
+	$(PY) -m benchmark.report
 
 # The SGLang backend against SGLang 0.5.23's own code, on CPU, in its own .venv-sglang (never .venv:
 # triton stays out of it). About 1.5 minutes the first time (it builds .venv-sglang), 10 s after. Not

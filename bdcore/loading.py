@@ -61,8 +61,8 @@ def cpu_has_bf16() -> bool:
 
 def serving_dtype(name: str, device: str | torch.device) -> str:
     """The server's `--dtype auto`: bf16 on CUDA and on a CPU with native bf16, else fp32. Measured on
-    SmolLM2-135M (AVX512-BF16, 2 cores; docs/results.md): a bf16 forward takes 0.33-0.66x the fp32 time at
-    every row count, and 64 rows cost 2.25x one row instead of 3.85x, so drafting is cheaper too. The
+    SmolLM2-135M (AVX512-BF16, 2 cores; docs/history/results-notebook.md): a bf16 forward takes 0.33-0.66x
+    the fp32 time at every row count, and 64 rows cost 2.25x one row instead of 3.85x, so drafting is cheaper too. The
     library's `load_checkpoint(dtype="auto")` keeps fp32 on CPU (tests and references compare exactly)."""
     if name != "auto":
         return name

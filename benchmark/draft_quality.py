@@ -119,9 +119,18 @@ def main(argv=None) -> int:
     )
     p.add_argument("--compare-served", action="store_true", help="also decode with the engine and print both")
     p.add_argument("--json", type=Path, default=None, help="write the result here")
+    p.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        help="also write a scaling-curve point (benchmark/record.py) for `python -m benchmark.report`; needs --minutes",
+    )
+    p.add_argument("--minutes", type=float, default=None, help="the checkpoint's training minutes, for --record")
     args = p.parse_args(argv)
     if not args.data.is_file():
         p.error(f"--data {args.data}: no such file")
+    if args.record and args.minutes is None:
+        p.error("--record puts the checkpoint on the scaling curve: give its training minutes (--minutes)")
     result = measure(
         args.checkpoint,
         args.data,
@@ -138,7 +147,36 @@ def main(argv=None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.record:
+        write_record(args, argv, result)
     return 0
+
+
+def write_record(args, argv, result: dict) -> None:
+    """The checkpoint as one point of the scaling curve (benchmark/record.py, kind `scaling`): the implied tokens
+    per forward and, with --compare-served, the served ones."""
+    from benchmark import record
+
+    row = {
+        "minutes": args.minutes,
+        "implied_linear": result["draft_tpf_linear"],
+        "implied_all": result["draft_tpf_all"],
+        "served_linear": result.get("served_tpf_linear"),
+        "served_all": result.get("served_tpf_all"),
+    }
+    command = "python -m benchmark.draft_quality " + " ".join(argv if argv is not None else sys.argv[1:])
+    made = record.make(
+        "scaling",
+        [row],
+        title=f"{args.checkpoint}: drafting after {args.minutes:g} training minutes",
+        command=command,
+        source="written by benchmark.draft_quality --record",
+        model=str(args.checkpoint),
+        series="scaling",
+        notes=f"{result['samples']} held-out answers of {args.data}, {result['anchors']} anchors, "
+        f"N = {result['draft_len']}.",
+    )
+    record.write(args.record, made)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@
 #   layouts    benchmark.self_spec_canvases at concurrency 1 and 16 (issue 26's table): causal, self-spec
 #              linear, all canvases, `auto` and fixed N=4 side by side, bf16, interleaved rounds; last, so
 #              that the campaign's own figures come first when the lease runs short
-# Files under $OUT: summary.txt, log.txt, results.json (what docs/results.md quotes).
+# Files under $OUT: summary.txt, log.txt, results.json (what docs/history/results-notebook.md quotes).
 #
 # Carry: the SmolLM2 GGUF is 94 MiB and a device run carries 64 MiB, so it cannot travel with the tree in
 # one call. Split it (`split -b 40M FILE gguf.part.`), carry the parts over two back-to-back calls (files

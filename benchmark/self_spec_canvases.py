@@ -107,6 +107,7 @@ def measure(
     from bdcore.loading import load_checkpoint, serving_dtype
     from benchmark.base_generate import base_generator, base_model_dir
     from benchmark.conversion_eval import load_heldout, stock_greedy
+    from benchmark.interleave import run_interleaved
     from inference.native.engine import Engine
 
     loaded = load_checkpoint(checkpoint, device=device, dtype=serving_dtype(dtype, device))
@@ -135,19 +136,14 @@ def measure(
         engine = Engine(loaded, DecodeConfig(**settings))  # an auto variant measures its row cost here (cached)
         run[name] = _generator(engine, concurrency)
         run[name](prompts[:concurrency], params)  # warm-up, not timed
-    rounds = max(1, min(rounds, len(prompts) // concurrency))
-    slices = [range(i * len(prompts) // rounds, (i + 1) * len(prompts) // rounds) for i in range(rounds)]
-    names = list(run)  # the baseline first, then the engine's variants
-    outs = {name: [None] * len(prompts) for name in names}
-    wall = dict.fromkeys(names, 0.0)
-    per_round: dict[str, list[list]] = {name: [] for name in names}  # [tokens, seconds] per round
-    for r, part in enumerate(slices):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            got, seconds = run[name]([prompts[i] for i in part], params)
-            wall[name] += seconds
-            per_round[name].append([sum(g.stats.generated for g in got), seconds])
-            for i, g in zip(part, got):
-                outs[name][i] = g
+    got = run_interleaved(
+        {name: (lambda batch, f=f: f(batch, params)) for name, f in run.items()},
+        prompts,
+        rounds=rounds,
+        concurrency=concurrency,
+        tokens=lambda g: g.stats.generated,
+    )
+    names, outs, wall, per_round = list(run), got.outputs, got.seconds, got.per_round  # the baseline first
     rows = []
     for name in names:
         gens = outs[name]
@@ -286,6 +282,12 @@ def main(argv=None) -> int:
         "baseline (default: the checkpoint itself when it is a draft adapter; a full conversion needs it)",
     )
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        help="also write the run as a results record (benchmark/record.py) for `python -m benchmark.report`",
+    )
     args = p.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
         p.error("--rounds must be at least 1")
@@ -312,6 +314,15 @@ def main(argv=None) -> int:
     print(f"{command}\n\n{dtype}, {rounds} interleaved rounds at most\n\n{table(rows)}")
     if args.json:
         Path(args.json).write_text(json.dumps({"command": command, "rows": rows}, indent=1))
+    if args.record:
+        from benchmark import record
+
+        rows = [dict(r, concurrency=args.concurrency) for r in rows]
+        title = f"{args.checkpoint}: self-spec layouts at concurrency {args.concurrency}, in process"
+        about = dict(model=args.checkpoint, dtype=dtype, series=f"{args.checkpoint}, {dtype}, in process")
+        source = "written by benchmark.self_spec_canvases --record"
+        made = record.make("speed", rows, title=title, command=command, source=source, **about)
+        record.write(args.record, made)
     return 0
 
 

@@ -292,8 +292,9 @@ def native_decode(args):
         block_size=args.block_size,
         threshold=args.threshold,
         steps=args.steps,
-        # The native engine's self-spec defaults to choosing its layout each step (docs/results.md: auto
-        # never lost to causal or by more than 5% to the best fixed setting where it was measured).
+        # The native engine's self-spec defaults to choosing its layout each step
+        # (docs/history/results-notebook.md: auto never lost to causal or by more than 5% to the best fixed
+        # setting where it was measured).
         draft_len=args.draft_len or AUTO,
         fuse_commit=not args.no_fuse_commit,
         self_spec_canvases=args.self_spec_canvases or AUTO,

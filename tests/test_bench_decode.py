@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from benchmark.record import load as load_record
 from benchmark.serving import bench_decode
 from tests.test_draft_adapter import draft_checkpoint
 
@@ -17,8 +18,14 @@ def test_the_baseline_and_the_in_process_engine_beside_the_server(demo_kit, tmp_
     out = tmp_path / "r.json"
     argv = [str(ckpt), "--prompts", str(demo_kit / "eval.jsonl"), "--num", "3", "--max-tokens", "8"]
     argv += ["--modes", "causal,self-spec", "--concurrency", "1,2", "--dtype", "fp32", "--in-process"]
-    assert bench_decode.main([*argv, "--json", str(out)]) == 0
+    argv += ["--rounds", "2", "--repeat", "2"]  # 6 requests in 2 interleaved rounds
+    record = tmp_path / "record.json"
+    assert bench_decode.main([*argv, "--json", str(out), "--record", str(record)]) == 0
     rows = {(r["mode"], r["concurrency"]): r for r in json.loads(out.read_text())}
+    assert [len(rows[("self-spec", c)]["vs_causal_by_round"]) for c in (1, 2)] == [2, 2]
+    recorded = {(r["variant"], r["concurrency"]): r for r in load_record(record)["rows"]}
+    assert set(recorded) == {(m, c) for m in ("base generate", "causal", "self-spec auto") for c in (1, 2)}
+    assert recorded[("self-spec auto", 2)]["vs_base"] == rows[("self-spec", 2)]["vs_base"]
     assert set(rows) == {(m, c) for m in ("base generate", "causal", "self-spec") for c in (1, 2)}
     for (mode, conc), r in rows.items():
         # the draft adapter's weights are the base's: causal and self-spec decode the baseline's tokens
@@ -26,6 +33,7 @@ def test_the_baseline_and_the_in_process_engine_beside_the_server(demo_kit, tmp_
         assert r["vs_base"] == pytest.approx(r["tok_s"] / rows[("base generate", conc)]["tok_s"])
         assert ("in_process_tok_s" in r) == (mode != "base generate") and r.get("in_process_tok_s", 1) > 0
     text = capsys.readouterr().out
-    line = next(x for x in text.splitlines() if x.startswith("| self-spec | 2 |") and x.count("|") == 6)
+    # the native server's self-spec drafts `auto` (its default), and the table says so
+    line = next(x for x in text.splitlines() if x.startswith("| self-spec auto | 2 |") and x.count("|") == 6)
     r = rows[("self-spec", 2)]
     assert line.endswith(f"| {r['tok_s'] / r['in_process_tok_s']:.2f}x |")

@@ -30,7 +30,7 @@ def _argv(kit, base, out, arms):
 
 def test_arms_train_on_one_base_and_are_evaluated_side_by_side(demo_kit, tmp_path, capsys):
     """The kit's random base never ends an answer, so its self-distilled set is empty: the two arms that
-    need it are covered by the refusal below and by the demo-scale run in docs/results.md."""
+    need it are covered by the refusal below and by the demo-scale run in docs/history/results-notebook.md."""
     out = tmp_path / "conv"
     argv = _argv(demo_kit, demo_kit / "base_model", out, "sft,opd,sft_draft") + [
         "--lora-flags",

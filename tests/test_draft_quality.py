@@ -123,6 +123,7 @@ def test_the_benchmark_on_self_distilled_answers_implies_what_is_served(tmp_path
     import json
 
     from benchmark.draft_quality import main
+    from benchmark.record import load as load_record
     from train.data import heldout_answers
 
     ckpt_dir = tiny_checkpoint(tmp_path / "ckpt", bd_size=4)
@@ -146,8 +147,13 @@ def test_the_benchmark_on_self_distilled_answers_implies_what_is_served(tmp_path
     assert len(kept) >= 3
     data.write_text("".join(json.dumps(r) + "\n" for r in kept))
     out = tmp_path / "quality.json"
-    assert main([str(ckpt_dir), "--data", str(data), "--compare-served", "--json", str(out), "--max-rows", "40"]) == 0
+    record = tmp_path / "record.json"  # the checkpoint as a point of the results page's scaling curve
+    argv = [str(ckpt_dir), "--data", str(data), "--compare-served", "--json", str(out), "--max-rows", "40"]
+    assert main([*argv, "--record", str(record), "--minutes", "7.5"]) == 0
     result = json.loads(out.read_text())
+    (point,) = load_record(record)["rows"]
+    assert point["minutes"] == 7.5 and point["implied_all"] == result["draft_tpf_all"]
+    assert point["served_linear"] == result["served_tpf_linear"]
     assert result["samples"] == len(kept) and result["draft_len"] == 4
     assert result["draft_tpf_linear"] == pytest.approx(result["served_tpf_linear"])
     assert result["draft_tpf_all"] == pytest.approx(result["served_tpf_all"])

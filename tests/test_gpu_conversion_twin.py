@@ -1,8 +1,8 @@
 """benchmark/gpu_conversion.sh, the GPU conversion campaign, as its CPU twin at tiny scale: every step of
 the script runs (self-distillation, conversion with the drafting metric, implied vs served tokens per
 forward, serving in every mode at two concurrencies and with all canvases, the self-spec layouts side by
-side) and results.json holds what docs/results.md quotes. The GPU run differs in sizes, device and dtype
-only."""
+side) and results.json holds what docs/history/results-notebook.md quotes. The GPU run differs in sizes,
+device and dtype only."""
 
 import json
 import os

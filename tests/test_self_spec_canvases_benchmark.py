@@ -7,6 +7,7 @@ import json
 import pytest
 
 from benchmark import self_spec_canvases
+from benchmark.record import load as load_record
 from tests.tiny import tiny_checkpoint
 
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
@@ -26,8 +27,14 @@ def test_variants_side_by_side_are_lossless(demo_kit, tmp_path, capsys, monkeypa
     # the baseline: these weights as their own base, through transformers' generate (batched and left-padded
     # at concurrency 3): it must decode what the stock greedy loop does, one token per forward
     argv += ["--base", str(ckpt)]
-    assert self_spec_canvases.main([*argv, "--json", str(out)]) == 0
+    record = tmp_path / "record.json"
+    assert self_spec_canvases.main([*argv, "--json", str(out), "--record", str(record)]) == 0
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    recorded = load_record(record)  # the schema of benchmark.report's records, every variant a row
+    assert [(r["variant"], r["concurrency"], r["tok_s"]) for r in recorded["rows"]] == [
+        (name, concurrency, r["tok_s"]) for name, r in rows.items()
+    ]
+    assert recorded["kind"] == "speed" and recorded["dtype"] == "fp32" and "--record" in recorded["command"]
     fixed = [f"self-spec {c} N={n}" for n in (2, 3) for c in ("last", "all")]
     assert list(rows) == [self_spec_canvases.BASELINE, *self_spec_canvases.VARIANTS, *fixed]
     assert all(r["same_as_causal"] == 1.0 for r in rows.values())

@@ -91,11 +91,12 @@ def test_derived_values():
     assert parse_args(BASE + opd).opd_ar_weight == 1.0
     assert parse_args(BASE + opd + ["--ar_loss_weight", "0"]).opd_ar_weight == 0.0  # no KL on a leak
     assert parse_args(BASE + opd + ["--lora_rank", "8", "--draft_adapter"]).opd_ar_weight == 1.0  # causal base
-    # The peak lr by recipe (measured, docs/results.md): full fine-tuning 1e-5, a draft adapter 3e-3
+    # The peak lr by recipe (measured, docs/history/results-notebook.md): full fine-tuning 1e-5, a draft adapter 3e-3
     assert parse_args(BASE).lr == 1e-5 and parse_args(BASE + ["--lora_rank", "8"]).lr == 1e-5
     assert parse_args(BASE + ["--lora_rank", "8", "--draft_adapter"]).lr == 3e-3
     assert parse_args(BASE + ["--lora_rank", "8", "--draft_adapter", "--lr", "1e-4"]).lr == 1e-4
-    # Prefix weights by recipe (measured, docs/results.md "Session 40"): a draft adapter exp(-j/4), else none
+    # Prefix weights by recipe (measured, docs/history/results-notebook.md "Session 40"): a draft adapter
+    # exp(-j/4), else none
     assert draft.diffusion.prefix_gamma == 4.0 and JobConfig.from_args(parse_args(BASE)).diffusion.prefix_gamma == 0.0
     assert parse_args(BASE + ["--lora_rank", "8", "--draft_adapter", "--prefix_gamma", "0"]).prefix_gamma == 0.0
 

@@ -38,10 +38,11 @@ step_<N>/ every --save_every steps and final/ at the end; each holds train_state
 
 FULL_FT_LR = OptimSection.lr
 # A draft adapter leaves the AR head alone, so its rate is free of the AR constraint: on SmolLM2 at 10 CPU
-# minutes 3e-3 drafted best (1e-2 diverged; docs/results.md, "Recipe sweep").
+# minutes 3e-3 drafted best (1e-2 diverged; docs/history/results-notebook.md, "Recipe sweep").
 DRAFT_ADAPTER_LR = 3e-3
 # A draft adapter serves self-spec, which accepts a draft only after every draft before it: weighting the
-# j-th draft by exp(-j/4) drafted best of {0, 2, 4} on SmolLM2 at 10 CPU minutes (docs/results.md, "Session 40").
+# j-th draft by exp(-j/4) drafted best of {0, 2, 4} on SmolLM2 at 10 CPU minutes
+# (docs/history/results-notebook.md, "Session 40").
 DRAFT_ADAPTER_PREFIX_GAMMA = 4.0
 
 
@@ -180,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
         OptimSection,
         "lr",
         f"peak learning rate (default {FULL_FT_LR:g}; {DRAFT_ADAPTER_LR:g} with --draft_adapter, the best "
-        "of a measured sweep on SmolLM2: docs/results.md)",
+        "of a measured sweep on SmolLM2: docs/history/results-notebook.md)",
         resolved=True,
     )
     field_flag(o, OptimSection, "warmup", "linear warm-up steps (default %(default)s)")

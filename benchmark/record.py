@@ -1,0 +1,207 @@
+"""The one schema of a recorded benchmark run: what the benchmarks write (`--record PATH`) and what
+`python -m benchmark.report` reads to make docs/results.md and its plots.
+
+A record is one JSON object per file, one run of one command:
+
+    {"schema": 1, "kind": "speed", "title": "...", "command": "python -m benchmark...", "machine": "...",
+     "date": "2026-12-05", "source": "where it was recorded", "rows": [{...}, ...], ...optional fields}
+
+`kind` picks the rows' fields (ROW_FIELDS): `speed` (a variant's tok/s at a concurrency, against causal and
+the base model's `generate`), `scaling` (drafting and `auto` speed against training minutes) or
+`diffusion_quality` (accuracy against tokens per forward per setting). A record that breaks the schema is
+refused with the file and the field named, so a typo cannot silently drop a figure from the page.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+from pathlib import Path
+
+SCHEMA = 1
+
+# field -> (accepted JSON type, required); "number" is an int or float (never a bool, never NaN or infinite)
+RECORD_FIELDS = {
+    "schema": ("int", True),
+    "kind": ("str", True),
+    "title": ("str", True),
+    "command": ("str", True),  # the command that produced the rows, as run
+    "machine": ("str", True),  # cores, CPU or GPU model
+    "date": ("date", True),  # YYYY-MM-DD, the day the rows were measured (or recorded)
+    "source": ("str", True),  # where the rows were taken from: a notebook section, or the benchmark that wrote them
+    "rows": ("rows", True),
+    "label": ("str", False),  # a short name for plot legends (default: the title)
+    "model": ("str", False),  # the checkpoint measured, in words
+    "dtype": ("str", False),
+    "series": ("str", False),  # records sharing a series are one line set in a plot (e.g. concurrency 1 and 8)
+    "notes": ("str", False),  # one paragraph printed under the table
+    "speed_withdrawn": ("str", False),  # why the record's speed figures no longer hold (tokens per forward do)
+}
+
+ROW_FIELDS = {
+    "speed": {
+        "variant": ("str", True),  # "base generate", "causal", "diffusion", "self-spec auto", ...
+        "concurrency": ("int", True),
+        "run": ("int", False),  # repeated runs of one command, numbered from 1
+        "tok_s": ("number", False),
+        "tokens_per_forward": ("number", False),
+        "vs_causal": ("number", False),  # given where only the ratio was recorded; else tok_s / causal's
+        "vs_base": ("number", False),  # likewise, against the base model's `generate`
+        "same_as_causal": ("number", False),  # share of outputs identical to causal decoding's, 0..1
+        "accuracy": ("number", False),  # 0..1
+    },
+    "scaling": {
+        "minutes": ("number", True),  # training minutes (idle CPU minutes where the notebook says so)
+        "step": ("int", False),
+        "implied_linear": ("number", False),  # tokens per forward implied by the one-forward drafting metric
+        "implied_all": ("number", False),
+        "served_linear": ("number", False),  # tokens per forward served (greedy, self-spec N = bd_size)
+        "served_all": ("number", False),
+        "auto_vs_causal": ("number", False),  # self-spec auto tok/s over our causal mode's
+        "auto_vs_base": ("number", False),  # self-spec auto tok/s over the base model's generate
+    },
+    "diffusion_quality": {
+        "setting": ("str", True),  # "causal", "threshold 0.9", ...
+        "accuracy": ("number", True),  # 0..1
+        "tokens_per_forward": ("number", True),
+        "threshold": ("number", False),
+    },
+}
+KINDS = tuple(ROW_FIELDS)
+# a speed row must say how fast in at least one of these
+SPEED_FIGURES = ("tok_s", "vs_causal", "vs_base")
+SHARES = ("same_as_causal", "accuracy")
+
+
+class RecordError(ValueError):
+    """A record file that breaks the schema; the message names the file and the field."""
+
+
+def _type_error(kind: str, value) -> str | None:
+    """Why `value` is not of schema type `kind`, or None when it is."""
+    if kind == "str":
+        return None if isinstance(value, str) and value.strip() else "expected a non-empty string"
+    if kind == "int":
+        return None if isinstance(value, int) and not isinstance(value, bool) else "expected an integer"
+    if kind == "number":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return "expected a number"
+        return None if math.isfinite(value) else "expected a finite number"
+    if kind == "date":
+        try:
+            datetime.date.fromisoformat(value)
+            return None if len(value) == 10 else "expected a date as YYYY-MM-DD"
+        except (TypeError, ValueError):
+            return "expected a date as YYYY-MM-DD"
+    if kind == "rows":
+        return None if isinstance(value, list) and value else "expected a non-empty list of rows"
+    raise AssertionError(kind)
+
+
+def _check_fields(obj, fields: dict, where: str, prefix: str) -> None:
+    if not isinstance(obj, dict):
+        raise RecordError(f"{where}: {prefix or 'record'}: expected a JSON object")
+    for name in obj:
+        if name not in fields:
+            raise RecordError(f"{where}: field '{prefix}{name}': unknown (known: {', '.join(fields)})")
+    for name, (kind, required) in fields.items():
+        if name not in obj:
+            if required:
+                raise RecordError(f"{where}: field '{prefix}{name}': missing")
+            continue
+        why = _type_error(kind, obj[name])
+        if why:
+            raise RecordError(f"{where}: field '{prefix}{name}': {why}, got {obj[name]!r}")
+
+
+def validate(record, where: str) -> dict:
+    """`record` if it follows the schema, else RecordError naming `where` (the file) and the field."""
+    _check_fields(record, RECORD_FIELDS, where, "")
+    if record["schema"] != SCHEMA:
+        raise RecordError(f"{where}: field 'schema': this reader knows version {SCHEMA}, got {record['schema']!r}")
+    if record["kind"] not in ROW_FIELDS:
+        raise RecordError(f"{where}: field 'kind': expected one of {', '.join(KINDS)}, got {record['kind']!r}")
+    for i, row in enumerate(record["rows"]):
+        _check_fields(row, ROW_FIELDS[record["kind"]], where, f"rows[{i}].")
+        for share in SHARES:
+            if share in row and not 0 <= row[share] <= 1:
+                raise RecordError(f"{where}: field 'rows[{i}].{share}': a share in [0, 1], got {row[share]!r}")
+        if record["kind"] == "speed" and not any(f in row for f in SPEED_FIGURES):
+            raise RecordError(f"{where}: field 'rows[{i}]': a speed row needs one of {', '.join(SPEED_FIGURES)}")
+    return record
+
+
+def load(path: Path) -> dict:
+    """One record file, validated."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise RecordError(f"{path}: not JSON: {e}") from e
+    return validate(record, str(path))
+
+
+def load_all(folder: Path) -> list[tuple[Path, dict]]:
+    """Every `*.json` record in `folder`, by file name."""
+    paths = sorted(Path(folder).glob("*.json"))
+    if not paths:
+        raise RecordError(f"{folder}: no *.json records")
+    return [(p, load(p)) for p in paths]
+
+
+def this_machine() -> str:
+    """The machine a benchmark runs on, in words: cores and CPU model, and the GPU when one is used."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    words = f"{os.cpu_count()}-core {model}"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            words += f", {torch.cuda.get_device_name()}"
+    except ImportError:
+        pass
+    return words
+
+
+def make(kind: str, rows: list[dict], *, title: str, command: str, source: str, **optional) -> dict:
+    """A validated record of a run measured now on this machine. Rows' fields outside the schema and figures
+    that are not finite (a NaN accuracy where no reference exists) are left out; optional record fields
+    given as None are left out."""
+    known = ROW_FIELDS[kind]
+    clean = []
+    for row in rows:
+        kept = {}
+        for name, value in row.items():
+            if name not in known or value is None:
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                continue
+            kept[name] = value
+        clean.append(kept)
+    record = {
+        "schema": SCHEMA,
+        "kind": kind,
+        "title": title,
+        "command": command,
+        "machine": this_machine(),
+        "date": datetime.date.today().isoformat(),
+        "source": source,
+        **{k: v for k, v in optional.items() if v is not None},
+        "rows": clean,
+    }
+    return validate(record, f"<{kind} record for {title}>")
+
+
+def write(path: Path, record: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
