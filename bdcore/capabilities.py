@@ -30,6 +30,8 @@ class Capabilities:
     clean_causal: bool = True  # committed tokens attend causally (False: block-causally)
     within_block_causal: bool = False  # canvas rows attend causally within their block (False: both ways)
     draft_adapter: bool = False  # a draft-only adapter acts at canvas rows only
+    canvas_fill: str = "mask"  # what undecided canvas slots hold: <|mask|>, or "noise" (uniform ids, sidecar.py)
+    vocab_size: int | None = None  # the embedding's rows, noise's range (None: the model config was not read)
     hybrid: bool | None = None  # gated-delta layers (None: the model config was not read)
     max_context: int | None = None  # max_position_embeddings (None: the model config was not read)
     # config.json's architectures[0], "" when it names none (None: the model config was not read)
@@ -59,6 +61,7 @@ class Capabilities:
             clean_causal=sidecar.clean_causal,
             within_block_causal=sidecar.within_block_causal,
             draft_adapter=sidecar.draft_adapter is not None,
+            canvas_fill=sidecar.canvas_fill,
             stop_ids=stop_ids,
             **facts,
         )
@@ -93,6 +96,7 @@ def _model_facts(model_config) -> dict:
         hybrid=is_hybrid(model_config),
         max_context=config_value(model_config, "max_position_embeddings"),
         architecture=architectures[0],
+        vocab_size=config_value(model_config, "vocab_size"),
     )
 
 

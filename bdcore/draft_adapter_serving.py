@@ -74,8 +74,11 @@ def prepare_serving(model) -> None:
     adapted = [
         m
         for m in model.modules()
-        if hasattr(m, "lora_A") and ADAPTER_NAME in m.lora_A and draft_gate(m) is not None
-        and type(getattr(m, "base_layer", None)) is torch.nn.Linear and m.lora_B[ADAPTER_NAME].bias is None
+        if hasattr(m, "lora_A")
+        and ADAPTER_NAME in m.lora_A
+        and draft_gate(m) is not None
+        and type(getattr(m, "base_layer", None)) is torch.nn.Linear
+        and m.lora_B[ADAPTER_NAME].bias is None
     ]
     for members in _shared_inputs(model, adapted):
         dtype = members[0].lora_A[ADAPTER_NAME].weight.dtype

@@ -41,6 +41,12 @@ NOT_WITH_DRAFT_ADAPTER = (
     "which the directory holds as is)"
 )
 
+NOT_WITH_NOISE_FILL = (
+    "diffusion mode commits a block slot by slot and needs <|mask|> to mark the slots still undecided; this "
+    "checkpoint was trained with canvases of random ids (canvas_fill: noise in block_diffusion.json), which drafts "
+    "for self-spec only: serve it with --mode self-spec, or --mode causal"
+)
+
 
 class CannotServe(ValueError):
     """A decode a backend cannot serve on a checkpoint; the message says why and what to do. `setting` names
@@ -105,6 +111,8 @@ def _native(caps: Capabilities, mode: str) -> str | None:
             f"mode {mode!r} needs a block-diffusion checkpoint ({SIDECAR_NAME} with <|mask|>); this one is a "
             "plain AR model: serve it with --mode causal, or convert it with train.py"
         )
+    if mode == "diffusion" and caps.canvas_fill != "mask":
+        return NOT_WITH_NOISE_FILL
     if mode == "self-spec" and not caps.shift:
         return (
             "self-spec needs a token-causal AR head to verify drafts; this checkpoint is unshifted (single-stream "
@@ -128,6 +136,11 @@ def _outside_native(caps: Capabilities, mode: str, engine: str) -> str | None:
         return (
             f"the checkpoint has no {SIDECAR_NAME}: it is not a bdstack block-diffusion checkpoint, and --mode {mode} "
             "needs a bdstack checkpoint directory; serve it with --mode causal, or convert it with train.py"
+        )
+    if caps.canvas_fill != "mask":
+        return (
+            f"the checkpoint's canvases are filled with random ids (canvas_fill: {caps.canvas_fill}), and our {engine} "
+            "algorithms fill them with <|mask|>: serve it with --backend native"
         )
     if not caps.clean_causal:
         return f"{engine} encodes committed tokens causally; checkpoints with clean_causal: false need --backend native"

@@ -12,7 +12,14 @@ from bdcore.checkpoint_files import config_value
 
 SIDECAR_NAME = "block_diffusion.json"
 FORMAT_VERSION = 2  # 2 added `draft_adapter`; a version-1 sidecar reads as a checkpoint without one
-READABLE_VERSIONS = (1, 2)
+# 3 added `canvas_fill`. Written only by checkpoints whose canvases are not <|mask|> (a reader that predates the
+# field would fill them with <|mask|> and draft from inputs the adapter never saw), so mask-filled checkpoints
+# stay readable by every bdstack that reads version 2.
+CANVAS_FILL_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+# What a canvas's undecided slots hold: the trained <|mask|> token, or uniform random ids drawn each forward
+# from [0, vocab_size) (the layout SGLang's UNO drafts with; docs/design.md 8.21).
+CANVAS_FILLS = ("mask", "noise")
 # Fields without which a reader would have to guess the checkpoint's semantics (a wrong guess decodes
 # silently differently from training), so they are refused rather than defaulted.
 REQUIRED = ("bd_size", "mask_id", "shift", "clean_causal", "within_block_causal")
@@ -44,6 +51,7 @@ FIELD_RULES = {
     "base_model": (lambda v: isinstance(v, str), "a string"),
     "global_step": (_int_at_least(0), "a non-negative integer"),
     "draft_adapter": (_adapter_dir, "null or the name of a subdirectory of the checkpoint"),
+    "canvas_fill": (lambda v: v in CANVAS_FILLS, f"one of {CANVAS_FILLS}"),
 }
 
 
@@ -66,12 +74,18 @@ class Sidecar:
     # The subdirectory holding a draft-only adapter (bdcore/draft_adapter.py) over the base weights in this
     # directory; None: the weights here are the whole converted model.
     draft_adapter: str | None = None
+    canvas_fill: str = "mask"  # CANVAS_FILLS
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
         data = asdict(self)
-        ordered = {"format_version": data.pop("format_version"), **data}
-        return json.dumps(ordered, indent=2) + "\n"
+        data.pop("format_version")
+        version = FORMAT_VERSION
+        if data["canvas_fill"] == "mask":
+            del data["canvas_fill"]  # the meaning of every sidecar without the field
+        else:
+            version = CANVAS_FILL_VERSION
+        return json.dumps({"format_version": version, **data}, indent=2) + "\n"
 
     @classmethod
     def from_dict(cls, data: dict) -> Sidecar:
@@ -90,6 +104,12 @@ class Sidecar:
             )
         if version == 1 and data.get("draft_adapter") is not None:
             raise SidecarError(f"{SIDECAR_NAME}: draft_adapter needs format_version 2, the sidecar says 1")
+        if data.get("canvas_fill", "mask") != "mask" and version < CANVAS_FILL_VERSION:
+            raise SidecarError(
+                f"{SIDECAR_NAME}: canvas_fill {data['canvas_fill']!r} needs format_version {CANVAS_FILL_VERSION} (a "
+                f"reader of version {version} would fill canvases with <|mask|>); set format_version to "
+                f"{CANVAS_FILL_VERSION} or re-export the checkpoint with train.py"
+            )
         for name, (valid, what) in FIELD_RULES.items():
             if name in data and not valid(data[name]):
                 raise SidecarError(

@@ -26,6 +26,7 @@ from pathlib import Path
 def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, max_rows: int, serve: bool) -> dict:
     from tqdm import tqdm
 
+    from bdcore.decode.canvas_fill import CanvasFill
     from bdcore.decode.config import DecodeConfig
     from bdcore.decode.draft_quality import draft_quality
     from bdcore.decode.runner import ModelRunner
@@ -48,7 +49,13 @@ def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, 
     t0 = time.perf_counter()
     with tqdm(total=len(samples), desc="draft quality", unit=" answers", dynamic_ncols=True) as bar:
         quality = draft_quality(
-            runner, samples, mask_id=loaded.mask_id, draft_len=N, max_rows=max_rows, progress=bar.update
+            runner,
+            samples,
+            mask_id=loaded.mask_id,
+            draft_len=N,
+            max_rows=max_rows,
+            progress=bar.update,
+            fill=CanvasFill.for_checkpoint(loaded.capabilities),
         )
     result = {
         "checkpoint": str(checkpoint),

@@ -107,3 +107,25 @@ def test_draft_adapter_with_activation_checkpointing_trains_as_without(demo_kit,
     got = load_file(str(runs[True] / "final" / ADAPTER_DIR / "adapter_model.safetensors"))
     for k in want:
         torch.testing.assert_close(got[k], want[k], atol=1e-5, rtol=1e-4)
+
+
+def test_a_uno_layout_adapter_trains_and_serves_self_spec_losslessly(demo_kit, tmp_path):
+    """`--canvas_fill noise --within_block_causal` (the draft layout of SGLang's UNO, docs/design.md 8.21): the
+    run's rows and its held-out metric fill canvases with noise, the sidecar records it, served self-spec is
+    the base model's output and diffusion is refused."""
+    from bdcore.serving_gate import CannotServe
+
+    run = tmp_path / "uno"
+    flags = dict(LORA, draft_adapter=True, canvas_fill="noise", within_block_causal=True, max_steps=2)
+    run_train(train_args(demo_kit, run, eval_data=demo_kit / "eval.jsonl", eval_samples=3, **flags))
+    ckpt = load_checkpoint(run / "final")
+    sidecar = ckpt.sidecar
+    assert (sidecar.canvas_fill, sidecar.within_block_causal, sidecar.views) == ("noise", True, 1)
+    assert read_metrics(run)[2]["draft_first_accept"] >= 0.0  # the metric ran, on noise-filled canvases
+    plain = load_checkpoint(demo_kit / "base_model")
+    params = SamplingParams(max_tokens=16)
+    want, engine = Engine(plain, DecodeConfig(mode="causal")), Engine(ckpt, DecodeConfig(mode="self-spec"))
+    for ids in _prompts(ckpt.tokenizer, 4, seed=1):
+        assert engine.generate(ids, params).tokens == want.generate(ids, params).tokens
+    with pytest.raises(CannotServe, match="canvas_fill"):
+        Engine(ckpt, DecodeConfig(mode="diffusion"))

@@ -33,7 +33,8 @@ EVAL_FILE = Path(__file__).parent / "fixtures" / "gsm8k.jsonl"
         (["--lora_alpha", "8"], "--lora_alpha"),
         (["--lora_rank", "4", "--ar_only"], "--lora_rank"),
         (["--lora_rank", "4", "--draft_adapter", "--ar_loss_weight", "0.5"], "--ar_loss_weight"),
-        (["--lora_rank", "4", "--draft_adapter", "--within_block_causal"], "--within_block_causal"),
+        (["--canvas_fill", "noise"], "--canvas_fill"),  # noise drafts for self-spec: a draft adapter only
+        (["--lora_rank", "4", "--draft_adapter", "--canvas_fill", "noise", "--views", "2"], "--views"),
         (["--max_nonfinite_steps", "0"], "--max_nonfinite_steps"),
         (["--eval_every", "5"], "--eval_every"),
         (["--eval_data", "/no/such.jsonl"], "--eval_data"),

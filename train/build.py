@@ -97,7 +97,15 @@ def build_tokenizer(config: JobConfig) -> TokenizerParts:
     if ar_only:
         return TokenizerParts(tok, eot, SpecialIds(mask_id=-1, filler_id=fill), None)
     mask_id, num_real = add_mask_to_tokenizer(tok)
-    return TokenizerParts(tok, eot, SpecialIds(mask_id=mask_id, filler_id=fill), num_real)
+    noise_vocab = 0
+    if config.diffusion.canvas_fill == "noise":  # UNO draws from the served embedding's rows: the converted model's
+        from transformers import AutoConfig
+
+        model_config = AutoConfig.from_pretrained(
+            config.model.model_id, trust_remote_code=config.model.trust_remote_code
+        )
+        noise_vocab = vocab_rows_needed(model_config.get_text_config(), mask_id)
+    return TokenizerParts(tok, eot, SpecialIds(mask_id=mask_id, filler_id=fill, noise_vocab=noise_vocab), num_real)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from bdcore.sidecar import CANVAS_FILLS
 from train.cli_fields import check_floats, field_flag
 from train.cli_recipes import check_eval, check_model_id, check_opd, check_rl, eval_flags, recipe_flags
 from train.config import (
@@ -102,6 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     field_flag(b, BD, "within_block_causal", "noised blocks attend causally inside a block")
     field_flag(b, BD, "loss_weighting", "diffusion CE weighting (default %(default)s)", choices=LOSS_WEIGHTINGS)
+    field_flag(
+        b,
+        BD,
+        "canvas_fill",
+        "what a noised block's slots hold. mask (default): <|mask|> at a random share of them (diffusion and "
+        "self-spec); noise (--draft_adapter, one view): uniform random ids at every slot, the draft layout of "
+        "SGLang's UNO speculative decoding (self-spec only; with --within_block_causal, UNO's causal draft pass)",
+        choices=CANVAS_FILLS,
+    )
     field_flag(
         b,
         BD,
@@ -247,6 +257,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     _check_single_stream(args, chosen_by, bad)
     _check_ar_sft(args, chosen_by, bad)
     _check_lora(args, chosen_by, bad)
+    _check_canvas_fill(args, bad)
     if args.lr is None:
         args.lr = DRAFT_ADAPTER_LR if args.draft_adapter else FULL_FT_LR
     if args.prefix_gamma is None:
@@ -372,11 +383,24 @@ def _check_lora(args, chosen_by: str, bad) -> None:
                 "--ar_loss_weight",
                 "has no effect with --draft_adapter (the clean stream is the frozen base model); leave it out",
             )
-        if args.within_block_causal:
-            bad("--within_block_causal", "is not supported with --draft_adapter yet; leave it out")
         args.ar_loss_weight = 0.0
     elif args.ar_loss_weight is None:
         args.ar_loss_weight = BlockDiffusionConfig.ar_loss_weight
+
+
+def _check_canvas_fill(args, bad) -> None:
+    """Noise fills every slot of a block, so its one view is all the noise there is (views default to 1)."""
+    if args.canvas_fill != "noise":
+        return
+    if not args.draft_adapter:
+        bad(
+            "--canvas_fill",
+            "noise trains a drafter for self-spec, and a full conversion would lose diffusion mode with it (no slot "
+            "is marked undecided); add --draft_adapter, or leave it out",
+        )
+    if args.views not in (None, 1):
+        bad("--views", "must be 1 with --canvas_fill noise (every slot is noised, so all views would be alike)")
+    args.views = 1
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import ClassVar
 
-from bdcore.sidecar import Sidecar
+from bdcore.sidecar import CANVAS_FILLS, Sidecar
 
 LOSS_WEIGHTINGS = ("uniform", "inverse_rate")
 # two_stream: clean stream + noised views, shifted targets, an AR head (docs/design.md section 2);
@@ -45,6 +45,9 @@ class BlockDiffusionConfig:
     prefix_gamma: float = 0.0
     min_rate: float = 1e-3
     objective: str = "two_stream"
+    # "noise": every noised slot holds a uniform random id (no <|mask|>, no partial reveal), the draft layout of
+    # SGLang's UNO; drafts for self-spec only, since nothing marks a slot as undecided for diffusion mode
+    canvas_fill: str = "mask"
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -68,6 +71,13 @@ class BlockDiffusionConfig:
             raise ValueError(f"loss_weighting={self.loss_weighting!r}: choose one of {LOSS_WEIGHTINGS}")
         if self.prefix_gamma < 0:
             raise ValueError(f"prefix_gamma={self.prefix_gamma} must be >= 0 (0: every draft position weighs the same)")
+        if self.canvas_fill not in CANVAS_FILLS:
+            raise ValueError(f"canvas_fill={self.canvas_fill!r}: choose one of {CANVAS_FILLS}")
+        if self.canvas_fill == "noise" and (self.single_stream or self.views != 1):
+            raise ValueError(
+                "canvas_fill=noise noises every slot of a block, so its views would all be alike: use one view "
+                "(views=1) of the two-stream objective"
+            )
         if not 0.0 < self.min_rate < 1.0:
             raise ValueError(f"min_rate={self.min_rate} must lie in (0, 1)")
         if self.clean_causal is None:
@@ -97,6 +107,7 @@ class BlockDiffusionConfig:
             within_block_causal=self.within_block_causal,
             views=self.views,
             draft_adapter=draft_adapter,
+            canvas_fill=self.canvas_fill,
         )
 
     def to_dict(self) -> dict:
@@ -114,6 +125,7 @@ _RESUME_MUST_MATCH_COMMON = (
     "bd_size",
     "views",
     "within_block_causal",
+    "canvas_fill",
     "max_length",
     "pack",
     "multiturn",
@@ -266,6 +278,7 @@ DIFFUSION_FLAGS = (
     "loss_weighting",
     "prefix_gamma",
     "views",
+    "canvas_fill",
 )
 RESUME_MUST_MATCH = _RESUME_MUST_MATCH_COMMON + OPDSection.RESUME_MUST_MATCH + RLSection.RESUME_MUST_MATCH
 
@@ -306,6 +319,7 @@ class JobConfig:
                 loss_weighting=flags["loss_weighting"],
                 prefix_gamma=flags["prefix_gamma"],
                 objective=flags["objective"],
+                canvas_fill=flags["canvas_fill"],
                 # a draft adapter's clean stream is the base model, which is causal
                 clean_causal=True if flags.get("draft_adapter") else None,
             ),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from bdcore.decode.canvas_fill import CanvasFill
 from bdcore.decode.draft_quality import draft_quality
 from bdcore.decode.runner import ModelRunner
 from train.config import FlagError, JobConfig
@@ -23,6 +24,8 @@ class DraftEval:
         """`tokens`: the run's `train.build.TokenizerParts` (the eval answers are rendered as the rows are)."""
         ev = config.evaluation
         self.every, self.bd_size, self.mask_id = ev.eval_every, config.diffusion.bd_size, tokens.special.mask_id
+        noise = config.diffusion.canvas_fill == "noise"  # canvases as the run's rows fill them
+        self.fill = CanvasFill(self.mask_id, noise_vocab=tokens.special.noise_vocab if noise else None)
         try:
             self.samples = heldout_answers(ev.eval_data, tokens.tokenizer, tokens.end_of_turn, limit=ev.eval_samples)
         except DataError as e:
@@ -36,5 +39,5 @@ class DraftEval:
         caps = student_capabilities(lm.cfg, mask_id=self.mask_id, stop_ids=frozenset())
         with decoding(lm) as model:
             runner = ModelRunner.for_checkpoint(model, caps)
-            quality = draft_quality(runner, self.samples, mask_id=self.mask_id, draft_len=self.bd_size)
+            quality = draft_quality(runner, self.samples, mask_id=self.mask_id, draft_len=self.bd_size, fill=self.fill)
         return {**quality.summary(), "t_eval_s": time.perf_counter() - t0}

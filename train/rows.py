@@ -35,6 +35,7 @@ class Sample:
 class SpecialIds:
     mask_id: int
     filler_id: int  # closes the last block; never the end-of-turn token
+    noise_vocab: int = 0  # canvas_fill="noise" draws slot ids from [0, noise_vocab): the embedding's rows
 
     def __post_init__(self) -> None:
         if self.mask_id == self.filler_id:
@@ -160,23 +161,18 @@ def build_batch(
     if T < longest:
         raise ValueError(f"row_length={T} is shorter than a packed row of {longest} tokens")
 
+    noise_fill = cfg.canvas_fill == "noise"
+    if noise_fill and ids.noise_vocab < 1:
+        raise ValueError("canvas_fill=noise needs SpecialIds.noise_vocab, the range its slot ids are drawn from")
     cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("input", "clean", "masked", "rate", *TokenMeta._fields)}
     for lay in layouts:
         noised = lay["stream"] > CLEAN_STREAM
-        masked = torch.zeros_like(noised)
-        rate = torch.zeros(noised.shape)
-        m, r = draw_masks(
-            lay["stream"][noised],
-            lay["blk"][noised],
-            lay["slot"][noised],
-            num_views=cfg.views,
-            num_blocks=int(lay["num_blocks"]),
-            num_slots=int(lay["num_slots"]),
-            min_rate=cfg.min_rate,
-            generator=generator,
-        )
-        masked[noised], rate[noised] = m, r
-        inp = torch.where(masked, ids.mask_id, lay["clean"])
+        if noise_fill:  # every slot noised (rate 1), each with an id of its own, as UNO's draft pass fills them
+            noise = torch.randint(0, ids.noise_vocab, noised.shape, generator=generator)
+            inp = torch.where(noised, noise, lay["clean"])
+            masked, rate = noised.clone(), noised.float()
+        else:
+            inp, masked, rate = _masked_views(lay, noised, cfg, ids, generator)
         cols["input"].append(_pad(inp, T, ids.filler_id))
         cols["clean"].append(_pad(lay["clean"], T, ids.filler_id))
         cols["masked"].append(_pad(masked, T, False))
@@ -203,6 +199,24 @@ def build_batch(
         diff_rate=diff_rate,
         diff_offset=diff_offset,
     )
+
+
+def _masked_views(lay: dict, noised: torch.Tensor, cfg: BlockDiffusionConfig, ids: SpecialIds, generator):
+    """<|mask|> at each view's draw (train/noise.py): the row's input ids, mask flags and effective rates."""
+    masked = torch.zeros_like(noised)
+    rate = torch.zeros(noised.shape)
+    m, r = draw_masks(
+        lay["stream"][noised],
+        lay["blk"][noised],
+        lay["slot"][noised],
+        num_views=cfg.views,
+        num_blocks=int(lay["num_blocks"]),
+        num_slots=int(lay["num_slots"]),
+        min_rate=cfg.min_rate,
+        generator=generator,
+    )
+    masked[noised], rate[noised] = m, r
+    return torch.where(masked, ids.mask_id, lay["clean"]), masked, rate
 
 
 def _targets(meta: TokenMeta, clean: torch.Tensor, masked: torch.Tensor, rate: torch.Tensor):

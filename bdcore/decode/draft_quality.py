@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bdcore.decode.canvas_fill import CanvasFill
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.sequence import SequenceCache
 from bdcore.decode.tree_acceptance import TOP_K, TreeShape, default_shapes, topk_path_acceptance, tree_table
@@ -58,9 +59,13 @@ def rank_among(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (logits > score).sum(-1) + ((logits == score) & (ids < targets[:, None])).sum(-1)
 
 
-def canvas_forwards(ids: list[int], start: int, *, mask_id: int, draft_len: int, max_rows: int) -> list[Rows]:
+def canvas_forwards(
+    ids: list[int], start: int, *, mask_id: int, draft_len: int, max_rows: int, fill: CanvasFill | None = None
+) -> list[Rows]:
     """The forwards that score every anchor of one answer: the clean stream, then as many canvases as fit
-    in `max_rows` rows (at least one per forward); the first holds the prefill's N-mask canvas."""
+    in `max_rows` rows (at least one per forward); the first holds the prefill's N-mask canvas. `fill`: what
+    the canvases hold (default: `<|mask|>`, `mask_id`)."""
+    fill = fill or CanvasFill(mask_id)
     N, L = draft_len, len(ids)
     anchors = list(range(start, L - 1))
     per_forward = max(1, (max_rows - L) // N)
@@ -68,20 +73,22 @@ def canvas_forwards(ids: list[int], start: int, *, mask_id: int, draft_len: int,
     for i in range(0, len(anchors), per_forward):
         rows = Rows().clean(ids, 0)
         for view, a in enumerate(anchors[i : i + per_forward], start=1):
-            rows.canvas([mask_id] * (N if a == start else N - 1), a, view=view)
+            rows.canvas(fill(N if a == start else N - 1), a, view=view)
         out.append(rows)
     return out or [Rows().clean(ids, 0)]
 
 
 @torch.no_grad()
-def score_sample(runner, ids: list[int], start: int, *, mask_id: int, draft_len: int, max_rows: int) -> SampleDrafts:
+def score_sample(
+    runner, ids: list[int], start: int, *, mask_id: int, draft_len: int, max_rows: int, fill: CanvasFill | None = None
+) -> SampleDrafts:
     """Every anchor of the answer `ids[start:]` (its last token the stop token), through `runner` (a
     `bdcore.decode.runner.ModelRunner`: `<|mask|>` banned, draft-only adapters on at canvas rows)."""
     L, N = len(ids), draft_len
     if not 0 < start < L:
         raise ValueError(f"an answer must follow a prompt: start {start} of {L} tokens")
     accepted, ranks, ar = [], [], None
-    for rows in canvas_forwards(ids, start, mask_id=mask_id, draft_len=N, max_rows=max_rows):
+    for rows in canvas_forwards(ids, start, mask_id=mask_id, draft_len=N, max_rows=max_rows, fill=fill):
         # rollback: the per-row recurrent states a canvas before the last clean row starts from (hybrids)
         logits = runner.forward([(SequenceCache(), Forward(rows, 0, rollback=True))])[0]
         if ar is None:
@@ -167,14 +174,23 @@ class DraftQuality:
 
 
 def draft_quality(
-    runner, samples: list[tuple[list[int], int]], *, mask_id: int, draft_len: int, max_rows: int = 4096, progress=None
+    runner,
+    samples: list[tuple[list[int], int]],
+    *,
+    mask_id: int,
+    draft_len: int,
+    max_rows: int = 4096,
+    progress=None,
+    fill: CanvasFill | None = None,
 ) -> DraftQuality:
-    """`samples`: (ids ending with the answer's stop token, the answer's first position) pairs."""
+    """`samples`: (ids ending with the answer's stop token, the answer's first position) pairs. `fill`: what
+    canvases hold, the checkpoint's (`CanvasFill.for_checkpoint`); default `<|mask|>`."""
     if draft_len < 2:
         raise ValueError(f"draft_len {draft_len}: self-spec drafts N - 1 >= 1 tokens a step")
     out = DraftQuality()
     for ids, start in samples:
-        out.add(score_sample(runner, ids, start, mask_id=mask_id, draft_len=draft_len, max_rows=max_rows), draft_len)
+        drafts = score_sample(runner, ids, start, mask_id=mask_id, draft_len=draft_len, max_rows=max_rows, fill=fill)
+        out.add(drafts, draft_len)
         if progress is not None:
             progress()
     return out

@@ -212,23 +212,23 @@ class SelfSpecDecoder(Decoder):
         self.step: Layout | None = None  # the layout of the forward in flight, drafts cut to those in hand
 
     def next_forward(self) -> Forward:
-        lay, c, mask = self.layout, self.c, self.seq.mask_id
+        lay, c, fill = self.layout, self.c, self.seq.fill
         if lay.seeded:  # the canvas holds the pending token at its place: rows c..c+L-1 draft c+1..c+L
             if self.prefill:
                 raise ValueError("a seeded drafting forward follows a pending token: it cannot be the prefill")
             self.step = lay
-            return Forward(Rows().canvas([self.pending] + [mask] * lay.canvas, c), 0)
+            return Forward(Rows().canvas([self.pending] + fill(lay.canvas), c), 0)
         if self.prefill:  # the canvas sits at the first token's place: rows c..c+L-1 draft c+1..c+L
             rows = Rows().clean(self.seq.prompt_ids, 0)
             if lay.canvas:
-                rows.canvas([mask] * (lay.canvas + 1), c)
+                rows.canvas(fill(lay.canvas + 1), c)
             self.step = Layout(0, lay.canvas, 0)
             return Forward(rows, c)
         v = min(lay.drafts, len(self.drafts)) if self.drafts else 0
         self.step = step = Layout(v, lay.canvas, min(lay.first_canvas, v))
         rows = Rows().clean([self.pending, *(self.drafts or [])[:v]], c)
         for j in step.canvas_rows():  # the canvas after clean row j, in a view of its own
-            rows.canvas([mask] * step.canvas, c + j + 1, view=1 + j - step.first_canvas)
+            rows.canvas(fill(step.canvas), c + j + 1, view=1 + j - step.first_canvas)
         return Forward(rows, v + 1, v > 0)
 
     def receive(self, logits):

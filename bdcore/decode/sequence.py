@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from bdcore.decode.canvas_fill import CanvasFill
 from bdcore.decode.gated_delta_layers import DecodePlan, LayerState, roll_back
 from bdcore.decode.rules import first_stop
 from bdcore.decode.sampling import SamplingParams, pick
@@ -148,6 +149,7 @@ class Sequence:
     block_causal: bool = False  # the checkpoint's clean stream is block-causal (clean_causal off)
     shift: bool = True  # False: an unshifted (single-stream) checkpoint, whose canvas row j predicts slot j
     cache: SequenceCache | EngineOwnedCache = field(default_factory=SequenceCache)
+    canvas_fill: CanvasFill | None = None  # what self-spec's drafting slots hold (None: <|mask|>)
 
     @classmethod
     def for_checkpoint(cls, caps: Capabilities, prompt_ids, params, generator, out) -> Sequence:
@@ -161,7 +163,12 @@ class Sequence:
             caps.stop_ids,
             block_causal=not caps.clean_causal,
             shift=caps.shift,
+            canvas_fill=CanvasFill.for_checkpoint(caps, seed=generator.initial_seed() if generator is not None else 0),
         )
+
+    def fill(self, n: int) -> list[int]:
+        """The ids of n drafting slots: the checkpoint's fill (`bdcore.decode.canvas_fill`)."""
+        return self.canvas_fill(n) if self.canvas_fill is not None else [self.mask_id] * n
 
     @property
     def stats(self) -> DecodeStats:

@@ -49,8 +49,6 @@ class DraftLoRA:
         """Activate the adapter (loading it the first time) and map it to the `drafting` tokens of this forward
         (all scheduled tokens, batch order); every other token runs the base weights. The prompt mapping (one
         entry per request, read only by an adapted output head, which the command never asks for) is none."""
-        mapping = LoRAMapping(
-            tuple(DRAFT_LORA_ID if d else 0 for d in drafting), (0,) * num_reqs, is_prefill=True
-        )
+        mapping = LoRAMapping(tuple(DRAFT_LORA_ID if d else 0 for d in drafting), (0,) * num_reqs, is_prefill=True)
         self.worker.set_active_adapters({self.request}, mapping)
         return mapping
