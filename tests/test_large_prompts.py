@@ -226,7 +226,8 @@ def test_concurrent_huge_prompts_are_refused_at_once_in_little_memory(served, ki
     assert grown < 500, f"server RSS grew by {grown:.0f} MB (killed past 3 GB)"
     for status, reply, seconds in results:
         assert status == 400 and reply["error"]["code"] == "context_length_exceeded", reply
-        assert seconds < 1.0, [round(r[2], 2) for r in results]
+        # tokenising every prompt first took 8.5 s a request (issue 40, D8b); 3 s leaves room for a loaded machine
+        assert seconds < 3.0, [round(r[2], 2) for r in results]
     after = (server.memory_info().rss - base) / 2**20
     assert after < 200, f"the server kept {after:.0f} MB after refusing them"
     status, reply = _post(url, "/v1/completions", {"prompt": "ab", "max_tokens": 2})

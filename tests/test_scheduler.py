@@ -3,6 +3,7 @@ give exactly what each gives alone, in every mode and any mix of modes, dense an
 or failing request leaves the others untouched."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -199,7 +200,9 @@ def test_the_scheduler_can_decode_on_the_thread_that_loaded_the_model(tmp_path):
         finally:
             stop.set()
 
+    sched.claim_here()  # as serve.py does: requests may arrive before run_here starts, and wait for it
     threading.Thread(target=clients).start()
+    time.sleep(0.05)  # let them queue first: they must not start a scheduler thread of their own
     sched.run_here(stop)
     results, errors = clients.out
     assert errors == [None] * len(prompts) and results == alone

@@ -39,6 +39,7 @@ class Scheduler:
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._ran_here = False
         self.batch_sizes: Counter = Counter()  # forwards by number of requests in them
 
     def generate(self, prompt_ids, params, decode=None, *, on_text=None, cancel=None, on_logprobs=None) -> Generation:
@@ -59,15 +60,27 @@ class Scheduler:
                 self._thread = threading.Thread(target=self._loop, name="bdstack-scheduler", daemon=True)
                 self._thread.start()
 
-    def run_here(self, stop: threading.Event) -> None:
-        """Decode on the calling thread until `stop` is set, instead of a thread of the scheduler's own: the
-        server's main thread, which loaded the model. Torch ops on a second thread get a second OpenMP team,
-        and with more team threads than cores the workers stop spinning between parallel regions: a served
-        request decoded at 0.78x the engine's in-process tok/s (2-core CPU, SmolLM2-135M)."""
+    def claim_here(self) -> None:
+        """Reserve the calling thread for `run_here` before any request can arrive (serve.py calls it before
+        its HTTP thread starts): a request that came first would otherwise start a thread of the scheduler's
+        own, and `run_here` would then refuse to start."""
         with self._start_lock:
             if self._thread is not None:
                 raise RuntimeError("the scheduler already decodes on another thread")
             self._thread = threading.current_thread()
+
+    def run_here(self, stop: threading.Event) -> None:
+        """Decode on the calling thread until `stop` is set, instead of a thread of the scheduler's own: the
+        server's main thread, which loaded the model. Torch ops on a second thread get a second OpenMP team,
+        and with more team threads than cores the workers stop spinning between parallel regions: a served
+        request decoded at 0.78x the engine's in-process tok/s (2-core CPU, SmolLM2-135M). Requests queued
+        before it starts (after `claim_here`) are decoded when it does."""
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.current_thread()
+            elif self._thread is not threading.current_thread() or self._ran_here:
+                raise RuntimeError("the scheduler already decodes on another thread")
+            self._ran_here = True
         self._loop(stop)
 
     def _loop(self, stop: threading.Event | None = None) -> None:

@@ -35,6 +35,7 @@ def serve_app(app, *, host: str, port: int) -> bool:
         server.should_exit = True
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    app.state.scheduler.claim_here()  # before the first request can arrive
     http = threading.Thread(target=run_http, name="bdstack-http", daemon=True)
     http.start()
     try:
