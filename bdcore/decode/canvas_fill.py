@@ -31,10 +31,6 @@ class CanvasFill:
             raise ValueError("a noise-filled checkpoint's canvases need the model's vocab_size: read its config")
         return cls(caps.mask_id, noise_vocab=caps.vocab_size, seed=seed)
 
-    @property
-    def noise(self) -> bool:
-        return self.noise_vocab is not None
-
     def __call__(self, n: int) -> list[int]:
         if self.noise_vocab is None:
             return [self.mask_id] * n
