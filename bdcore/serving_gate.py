@@ -12,10 +12,11 @@ What each backend serves (`CHECKPOINT_RULES`; tests/test_serving_gate.py writes 
   with gated-delta layers: no training run writes those); diffusion on block-diffusion checkpoints; self-spec
   where there is a token-causal AR head (shifted, clean_causal) to verify drafts.
 - sglang, vllm: causal on anything (their stock engine on the HF weights); diffusion and self-spec on shifted,
-  causal-clean checkpoints; SGLang takes hybrids only with a within-block-causal canvas and no draft adapter
-  yet, vLLM no hybrid and only the architectures its plugin extends, draft adapters included (its own LoRA
-  machinery, routed per token to canvas rows: inference/vllm_backend/draft_lora.py). Both run fixed layouts
-  (one canvas after the last clean row, a fixed draft length).
+  causal-clean checkpoints, draft adapters included (each engine's own LoRA machinery, routed per token to
+  canvas rows: inference/sglang_backend/draft_lora.py, inference/vllm_backend/draft_lora.py); SGLang takes
+  hybrids only with a within-block-causal canvas and without a draft adapter, vLLM no hybrid and only the
+  architectures its plugin extends. Both run fixed layouts (one canvas after the last clean row, a fixed draft
+  length).
 
 Stdlib only at import: the SGLang and vLLM plugins import it in those engines' own environments.
 """
@@ -32,14 +33,6 @@ from bdcore.sidecar import SIDECAR_NAME
 BACKENDS = ("native", "sglang", "vllm")
 # The stock vLLM architectures inference/vllm_backend registers a block-diffusion class for.
 VLLM_ARCHITECTURES = frozenset({"Qwen3ForCausalLM"})
-
-# SGLang only, until its route lands (issue 42 item 1); vLLM routes the adapter per token (issue 42 item 2).
-NOT_WITH_DRAFT_ADAPTER = (
-    "the checkpoint carries a draft-only adapter, which acts at canvas rows only; our {engine} algorithms run "
-    "every row of a forward through the same weights, so their diffusion and self-spec would not be what was "
-    "trained: serve it with --backend native or --backend vllm (--mode causal on {engine} serves the base model, "
-    "which the directory holds as is)"
-)
 
 NOT_WITH_NOISE_FILL = (
     "diffusion mode commits a block slot by slot and needs <|mask|> to mark the slots still undecided; this "
@@ -156,8 +149,13 @@ def _sglang(caps: Capabilities, mode: str) -> str | None:
     """Our SGLang algorithms (inference/sglang_backend)."""
     if (why := _outside_native(caps, mode, "SGLang")) is not None or mode == "causal":
         return why
-    if caps.draft_adapter:
-        return NOT_WITH_DRAFT_ADAPTER.format(engine="SGLang")
+    if caps.hybrid and caps.draft_adapter:
+        return (
+            "a draft adapter on a hybrid (gated-delta) checkpoint is not served by SGLang 0.5.23 in diffusion/"
+            "self-spec modes: SGLang turns --enable-lora off for dLLM algorithms, so its Qwen3.5 layers run their "
+            "fused input projection, which bypasses LoRA, and it has no LoRA layer for in_proj_ba; serve it with "
+            "--backend native (--mode causal on SGLang serves the base model)"
+        )
     if caps.hybrid and not caps.within_block_causal:
         return (
             "hybrid (gated-delta) checkpoints trained with a bidirectional canvas are not served by SGLang in "

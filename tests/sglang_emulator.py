@@ -17,7 +17,13 @@ wheel's source: `srt/dllm/mixin/scheduler.py`, `srt/dllm/mixin/req.py`, `srt/dll
   (`sglang_stop_ids`: config.json and generation config `eos_token_id`, the tokenizer's eos), then
   `max_new_tokens`;
 - hybrid models behave like SGLang's gated-delta layers: a (causal) canvas forward absorbs the
-  canvas into the request's recurrent state and leaves it there, unless the state guard restores it.
+  canvas into the request's recurrent state and leaves it there, unless the state guard restores it;
+- a draft adapter runs where the LoRA manager's token segments say, as SGLang's LoRA layers read their backend's
+  batch info: the plugin's own `DraftLoRA` (`draft_router`) hands its segments to `EmulatedLoRAManager`, which
+  checks them as `LoRAManager.prepare_lora_token_segments` and the Triton backend would (known ids, one length
+  per id, as many rows as the forward has) and gates the model's LoRA by them; after `reset_lora_batch`, and in
+  every forward before the first routing, no row takes it. peft's gated LoRA stands in for SGLang's kernels
+  (`make sglang-contract` runs SGLang's loader and token-segment code on the same routing).
 
 Forwards run on the native decode runner (`bdcore.decode.runner`), one cache per request. Canvas KV is dropped.
 """
@@ -35,11 +41,14 @@ from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import SequenceCache
+from bdcore.draft_adapter import draft_gate
 from bdcore.gated_delta import is_hybrid
 from inference.sglang_backend.algorithms import ShiftedCanvasAlgorithm
 from inference.sglang_backend.command import sglang_stop_ids
+from inference.sglang_backend.draft_lora import DraftLoRA
 
 _REQUEST_IDS = itertools.count()
+EMULATED_LORA_ID = "bdstack-draft-emulated"
 
 
 class Mode:
@@ -77,47 +86,98 @@ class EmulatedModelRunner:
         self.bidirectional = False  # every layer's attn_type: RadixAttention is built DECODER
         self.forwards = 0
         self.modes: list[tuple[str, bool]] = []  # (EXTEND | DLLM_EXTEND, bidirectional) per forward
+        self.routing: list[bool] | None = None  # the LoRA manager's rows of the next forward (None: no batch info)
+        self.routed: list[tuple[str, list[bool] | None]] = []  # (EXTEND | DLLM_EXTEND, its routing) per forward
 
     def cache(self, rid: str) -> SequenceCache:
         return self.caches.setdefault(rid, SequenceCache())
 
-    def _forward(self, cache: SequenceCache, tokens: list[int], keep: int) -> torch.Tensor:
+    def _forward(self, cache: SequenceCache, tokens: list[int], keep: int, drafting: list[bool]) -> torch.Tensor:
         if not self.bidirectional:
             rows = Rows().clean(tokens, cache.length)
         else:
             assert not self.hybrid, "SGLang's gated-delta kernels have no bidirectional mode"
             rows = Rows().canvas(tokens, cache.length)  # new tokens see the prefix and each other
-        return self.runner.forward([(cache, Forward(rows, keep))])[0]
+        with self._lora_at(drafting):
+            return self.runner.forward([(cache, Forward(rows, keep))])[0]
+
+    @contextlib.contextmanager
+    def _lora_at(self, drafting: list[bool]):
+        """The model's draft adapter gated by SGLang's routing, not by the rows' streams (as the native runner
+        gates it): a pre-hook on the model, inside the runner's own `draft_rows`, for one forward."""
+        gate = draft_gate(self.loaded.model)
+        if gate is None:
+            yield
+            return
+
+        def route(module, args, kwargs):
+            gate.rows = torch.tensor([drafting])
+
+        handle = self.loaded.model.register_forward_pre_hook(route, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def _rows_routed(self, lengths: list[int]) -> list[list[bool]]:
+        """Each request's slice of the forward's routing; no batch info: no row takes the adapter."""
+        routing = self.routing if self.routing is not None else [False] * sum(lengths)
+        assert len(routing) == sum(lengths), "token segments must cover the forward's rows exactly"
+        starts = list(itertools.accumulate([0, *lengths]))
+        return [routing[a:b] for a, b in zip(starts, starts[1:])]
 
     def forward(self, batch: Batch, pp_proxy_tensors=None):
         self.forwards += 1
         dllm = batch.forward_mode.is_dllm_extend()
         self.modes.append(("DLLM_EXTEND" if dllm else "EXTEND", self.bidirectional))
+        self.routed.append((self.modes[-1][0], None if self.routing is None else list(self.routing)))
         if not dllm:
             last = []
-            for rid, tokens in zip(batch.rids, batch.new_tokens):
-                last.append(self._forward(self.cache(rid), tokens, len(tokens))[-1])
+            routed = self._rows_routed([len(t) for t in batch.new_tokens])
+            for rid, tokens, drafting in zip(batch.rids, batch.new_tokens, routed):
+                last.append(self._forward(self.cache(rid), tokens, len(tokens), drafting)[-1])
             out = SimpleNamespace(next_token_logits=torch.stack(last), full_logits=None)
         else:
             B = batch.input_ids.numel() // batch.batch_size
             canvases = batch.input_ids.view(batch.batch_size, B).tolist()
             rows = []
-            for rid, canvas in zip(batch.rids, canvases):
+            for rid, canvas, drafting in zip(batch.rids, canvases, self._rows_routed([B] * batch.batch_size)):
                 cache = self.cache(rid)
                 if self.hybrid:  # SGLang: token-causal canvas whose state is written to the request's slot
-                    rows.append(self._forward(cache, canvas, len(canvas)))
+                    rows.append(self._forward(cache, canvas, len(canvas), drafting))
                     # the canvas KV is discarded, its recurrent state is not
                     cache.keys = [k[:, : -len(canvas)] for k in cache.keys]
                     cache.values = [v[:, : -len(canvas)] for v in cache.values]
                     continue
-                rows.append(self._forward(cache, canvas, 0))
+                rows.append(self._forward(cache, canvas, 0, drafting))
             out = SimpleNamespace(next_token_logits=None, full_logits=torch.cat(rows))
         return SimpleNamespace(logits_output=out, can_run_graph=False)
 
 
+class EmulatedLoRAManager:
+    """SGLang's `LoRAManager` as the plugin's `DraftLoRA` uses it: two slots (the base model, the adapter); its
+    token segments become the next forwards' routing until `reset_lora_batch`."""
+
+    def __init__(self, runner: EmulatedModelRunner):
+        self.runner = runner
+
+    def prepare_lora_token_segments(self, *, lora_ids, segment_lens) -> None:
+        assert len(lora_ids) == len(segment_lens) and all(n > 0 for n in segment_lens)
+        assert set(lora_ids) <= {None, EMULATED_LORA_ID}, "a LoRA id the pool does not hold"
+        self.runner.routing = [i is not None for i, n in zip(lora_ids, segment_lens) for _ in range(n)]
+
+    def reset_lora_batch(self) -> None:
+        self.runner.routing = None
+
+
 class EmulatedAttention:
     """The backend hooks: `set_attention` sets the layers' attention type the runner reads; the state
-    guard snapshots and restores each request's gated-delta states."""
+    guard snapshots and restores each request's gated-delta states; `draft_router` is the plugin's `DraftLoRA`
+    over the emulated LoRA manager (the model passed in is already the served view, its mask row attached)."""
+
+    @staticmethod
+    def draft_router(self, model_runner: EmulatedModelRunner) -> DraftLoRA:
+        return DraftLoRA(EmulatedLoRAManager(model_runner), EMULATED_LORA_ID)
 
     @staticmethod
     def set_attention(self, model_runner: EmulatedModelRunner, *, bidirectional: bool) -> None:
@@ -135,7 +195,7 @@ class EmulatedAttention:
 
 
 def emulated(cls: type[ShiftedCanvasAlgorithm], *, state_guard: bool = True) -> type[ShiftedCanvasAlgorithm]:
-    hooks = {"set_attention": EmulatedAttention.set_attention}
+    hooks = {"set_attention": EmulatedAttention.set_attention, "draft_router": EmulatedAttention.draft_router}
     if state_guard:
         hooks["recurrent_state_guard"] = EmulatedAttention.recurrent_state_guard
     return type(f"Emulated{cls.__name__}", (cls,), hooks)
@@ -173,6 +233,8 @@ def serve(
     """Decode the prompts (queued in order), SGLang style. Returns (outputs without the stop token, forwards).
     Request ids are unique across calls, as SGLang's are, unless `rids` names them."""
     runner = runner or EmulatedModelRunner(loaded)
+    if algorithm.router is not None and algorithm.router.manager.runner is not runner:
+        algorithm.router = None  # another model runner is another served model: the adapter is loaded into it
     B, vocab, stops = algorithm.block_size, len(loaded.tokenizer), sglang_stop_ids(loaded.path, loaded.tokenizer)
     rids = rids or [f"req-{next(_REQUEST_IDS)}" for _ in prompts]
     waiting = [_Request(rid, list(p), q) for rid, p, q in zip(rids, prompts, params)]

@@ -4,9 +4,9 @@ settings, and what it says when it does not.
 The table is written out by hand from docs/design.md (sections 5, 6, 8.11, 8.13, 8.14), not derived from the
 gate: the native engine decodes causal everywhere it decodes at all, diffusion on block-diffusion checkpoints
 and self-spec where a token-causal AR head verifies drafts; SGLang and vLLM serve causal on anything (their
-stock engine) and our decodes only on shifted, causal-clean checkpoints, SGLang without a draft adapter and
-hybrids only with a within-block-causal canvas, vLLM draft adapters too (its LoRA routed per token), no hybrid
-and only the architectures its plugin extends.
+stock engine) and our decodes only on shifted, causal-clean checkpoints, draft adapters included (each
+engine's LoRA routed per token), SGLang hybrids only with a within-block-causal canvas and without a draft
+adapter, vLLM no hybrid and only the architectures its plugin extends.
 That each backend's entry point asks the gate (and nothing else) is tests/test_serving_gate_entry_points.py.
 """
 
@@ -39,6 +39,10 @@ CHECKPOINTS = {
     "draft adapter": (sidecar(draft_adapter="draft_adapter"), QWEN3),
     "hybrid": (sidecar(), HYBRID),
     "hybrid, within-block-causal canvas": (sidecar(within_block_causal=True), HYBRID),
+    "hybrid draft adapter, within-block-causal canvas": (
+        sidecar(within_block_causal=True, draft_adapter="draft_adapter"),
+        HYBRID,
+    ),
     "hybrid, block-causal clean stream": (sidecar(clean_causal=False), HYBRID),
     "unshifted hybrid": (sidecar(shift=False, clean_causal=False, views=1), HYBRID),
     "dense, another architecture": (sidecar(), LLAMA),
@@ -52,9 +56,10 @@ TABLE = {
     "dense, block-causal clean stream": ((C, D), (C,), (C,)),
     "unshifted": ((C, D), (C,), (C,)),
     "unshifted with a causal clean stream": ((), (C,), (C,)),
-    "draft adapter": ((C, D, S), (C,), (C, D, S)),
+    "draft adapter": ((C, D, S), (C, D, S), (C, D, S)),
     "hybrid": ((C, D, S), (C,), (C,)),
     "hybrid, within-block-causal canvas": ((C, D, S), (C, D, S), (C,)),
+    "hybrid draft adapter, within-block-causal canvas": ((C, D, S), (C,), (C,)),
     "hybrid, block-causal clean stream": ((C, D), (C,), (C,)),
     "unshifted hybrid": ((), (C,), (C,)),
     "dense, another architecture": ((C, D, S), (C, D, S), (C,)),
@@ -88,7 +93,12 @@ def test_the_table(kind, backend):
         ("unshifted with a causal clean stream", "native", C, "shift: false with clean_causal: true.*fix the sidecar"),
         ("unshifted hybrid", "native", D, "unshifted .* gated-delta hybrid; train.py writes none"),
         ("plain", "sglang", D, "no block_diffusion.json: it is not a bdstack .* serve it with --mode causal"),
-        ("draft adapter", "sglang", S, "draft-only adapter.* serve it with --backend native or --backend vllm"),
+        (
+            "hybrid draft adapter, within-block-causal canvas",
+            "sglang",
+            S,
+            "draft adapter on a hybrid .* fused input projection, which bypasses LoRA.* --backend native",
+        ),
         ("dense, block-causal clean stream", "vllm", D, "clean_causal: false need --backend native"),
         ("unshifted with a causal clean stream", "sglang", D, r"unshifted \(shift: false\).*--backend native"),
         ("hybrid", "sglang", D, "bidirectional canvas .* --backend native .*--within_block_causal are served"),

@@ -35,6 +35,11 @@ self-spec's drafting and verify forwards run in the canvas pass. What SGLang for
   state back after every canvas forward, which SGLang's kernels would otherwise have advanced.
 - **`<|mask|>`**: SGLang's model does not ban it; the adapters do (`bdcore.decode.sampling.ban`) as the
   native runner does, so greedy commit confidences are the native engine's.
+- **Draft adapters**: a checkpoint's draft-only adapter acts at canvas rows only. Before each canvas-pass forward
+  the adapters name the rows that draft (`Rows.drafting` of each planned forward, the native runner's gate: every
+  row of a denoise canvas or of a seeded drafting canvas, none of a verify forward, of its pad rows or of the
+  requests riding along) to the backend's router (`draft_router`: SGLang's LoRA manager, `draft_lora.py`), and
+  clear it after; context passes run the base weights.
 
 This module never imports SGLang: it touches `forward_batch.{forward_mode, input_ids, batch_size, rids,
 seq_lens, sampling_info}` and `model_runner.forward(...)` only, so CPU tests drive it with the native
@@ -67,10 +72,16 @@ class ShiftedCanvasAlgorithm:
         # asked again with what they carry of the sidecar, it fills the decoders' defaults the same way.
         decode = resolve(Capabilities.from_sidecar(settings.sidecar()), settings.decode_config(), "sglang")
         self.requests = RequestTable(decode, settings, self._start)
+        self.router = None  # the draft adapter's router, built at the first forward (it needs the model runner)
 
     # -- the hooks a backend implements ---------------------------------------------------------
     def set_attention(self, model_runner, *, bidirectional: bool) -> None:
         """Make the next forward bidirectional within its new tokens, or causal."""
+        raise NotImplementedError
+
+    def draft_router(self, model_runner):
+        """The checkpoint's draft adapter on `model_runner`'s model, loaded (its `<|mask|>` row attached): an object
+        whose `route(drafting)` makes the next forward run the adapter at the `drafting` rows, and `reset()` none."""
         raise NotImplementedError
 
     def recurrent_state_guard(self, model_runner, forward_batch):
@@ -93,6 +104,8 @@ class ShiftedCanvasAlgorithm:
     # -- SGLang's entry point -------------------------------------------------------------------
     @torch.no_grad()
     def run(self, model_runner, forward_batch, algo_states=None):
+        if self.settings.draft_adapter is not None and self.router is None:
+            self.router = self.draft_router(model_runner)  # before any forward: the mask row is the trained one
         if not forward_batch.forward_mode.is_dllm_extend():
             return self._context_pass(model_runner, forward_batch)
         tokens, last = self._canvas_pass(model_runner, forward_batch)
@@ -102,9 +115,15 @@ class ShiftedCanvasAlgorithm:
         self.set_attention(model_runner, bidirectional=bidirectional)
         return model_runner.forward(forward_batch, pp_proxy_tensors=None)
 
-    def _canvas_forward(self, model_runner, forward_batch, *, bidirectional: bool):
+    def _canvas_forward(self, model_runner, forward_batch, drafting: list[bool], *, bidirectional: bool):
         with self.recurrent_state_guard(model_runner, forward_batch):
-            return self._forward(model_runner, forward_batch, bidirectional=bidirectional)
+            if self.router is None:
+                return self._forward(model_runner, forward_batch, bidirectional=bidirectional)
+            self.router.route(drafting)
+            try:
+                return self._forward(model_runner, forward_batch, bidirectional=bidirectional)
+            finally:
+                self.router.reset()
 
     def _context_pass(self, model_runner, forward_batch):
         if forward_batch.input_ids.numel() == 0:
@@ -156,15 +175,17 @@ class ShiftedCanvasAlgorithm:
         """One canvas-pass forward of the planned forwards of `batch` ((index in the batch, request)); the
         other requests' slots ride along unread. Returns the forward's output."""
         B, device = self.block_size, forward_batch.input_ids.device
-        rows = []
-        for _, req in batch:
+        rows, drafting = [], [[False] * B for _ in range(forward_batch.batch_size)]  # riding along: base weights
+        for i, req in batch:
             tokens = req.planned.rows.tokens
             if len(tokens) < B and bidirectional:
                 raise RuntimeError(f"internal: a bidirectional forward of {len(tokens)} rows in a canvas of {B}")
             rows.append(tokens + [self.mask_id] * (B - len(tokens)))  # pad rows last: causal, so nobody sees them
+            drafting[i][: len(tokens)] = req.planned.rows.drafting()
         slots = forward_batch.input_ids.view(forward_batch.batch_size, B)
         slots[torch.tensor([i for i, _ in batch], device=device)] = torch.tensor(rows, device=device).to(slots)
-        out = self._canvas_forward(model_runner, forward_batch, bidirectional=bidirectional)
+        flat = [d for request in drafting for d in request]
+        out = self._canvas_forward(model_runner, forward_batch, flat, bidirectional=bidirectional)
         logits = out.logits_output.full_logits.view(forward_batch.batch_size, B, -1)
         for i, req in batch:
             req.take(ban(logits[i, : len(req.planned.rows.tokens)], self.mask_id))

@@ -227,6 +227,10 @@ def bdstack_settings(
             f"SGLang would not stop at end-of-turn (token {eot}): it stops at config.json / generation_config.json "
             "eos_token_id and the tokenizer's eos; add the end-of-turn id to generation_config.json's eos_token_id"
         )
+    if sidecar.draft_adapter is not None:  # what SGLang's LoRA loader would not load as trained, refused now
+        from inference.sglang_backend.draft_adapter import check_adapter
+
+        check_adapter(model_dir / sidecar.draft_adapter)
     return DecodeSettings(
         algorithm=ALGORITHMS[mode],
         block_size=resolved.draft_len if mode == "self-spec" else resolved.block,
@@ -237,6 +241,7 @@ def bdstack_settings(
         within_block_causal=sidecar.within_block_causal,
         threshold=threshold,
         steps=steps,
+        draft_adapter=sidecar.draft_adapter,
     )
 
 

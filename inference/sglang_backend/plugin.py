@@ -68,6 +68,9 @@ def load_settings(model_path: str, algorithm: str, config_path: str | None) -> D
         raise PluginError(f"{config_path}: mask_id {settings.mask_id}, but the checkpoint's is {caps.mask_id}")
     if caps.within_block_causal != settings.within_block_causal:
         raise PluginError(f"{config_path}: within_block_causal disagrees with the checkpoint's sidecar")
+    if caps.draft_adapter != (settings.draft_adapter is not None):
+        # without it the drafts would come from the base model; with it on a plain checkpoint, from nothing trained
+        raise PluginError(f"{config_path}: draft_adapter disagrees with the checkpoint's sidecar")
     return settings
 
 
@@ -149,6 +152,15 @@ def mamba_state_guard(self, model_runner, forward_batch):
         cache.temporal[:, slots] = temporal
 
 
+def draft_router(self, model_runner):
+    """The `draft_router` hook: the checkpoint's draft adapter in a LoRA manager of SGLang's over the served model."""
+    from inference.sglang_backend.draft_adapter import adapter_dir
+    from inference.sglang_backend.draft_lora import DraftLoRA
+
+    directory = adapter_dir(model_runner.model_config.model_path, self.settings.draft_adapter)
+    return DraftLoRA.load(model_runner, directory, self.settings.mask_id)
+
+
 def make_algorithm_class(name: str, base_cls, set_attention, configure):
     """An SGLang algorithm class: our core first in the MRO (its `run`), SGLang's base for the rest."""
     core = CORES[name]
@@ -170,6 +182,7 @@ def make_algorithm_class(name: str, base_cls, set_attention, configure):
             "capture_input_preparation": False,
             "set_attention": set_attention,
             "recurrent_state_guard": mamba_state_guard,
+            "draft_router": draft_router,
             "configure_server_args": classmethod(configure),
             "validate_request": classmethod(lambda cls, req: unsupported_request(req)),
         },

@@ -30,6 +30,9 @@ class DecodeSettings:
     within_block_causal: bool = False  # the checkpoint's canvas attention (sidecar)
     threshold: float = 0.9  # diffusion: commit masked slots whose confidence exceeds this
     steps: int | None = None  # diffusion: denoise forwards per block (None: block_size - 1)
+    # the checkpoint's draft-only adapter directory, relative to it (the sidecar's `draft_adapter`): the plugin loads
+    # it with SGLang's LoRA manager and routes it to canvas rows only (draft_lora.py); None: no adapter
+    draft_adapter: str | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS.values():
@@ -54,6 +57,8 @@ class DecodeSettings:
             raise ValueError(f"other_stop_ids must be a list of token ids, got {self.other_stop_ids!r}")
         if self.mask_id in self.other_stop_ids:
             raise ValueError("other_stop_ids must not contain the mask token")
+        if self.draft_adapter is not None and not (isinstance(self.draft_adapter, str) and self.draft_adapter):
+            raise ValueError(f"draft_adapter must be a directory name or None, got {self.draft_adapter!r}")
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -77,7 +82,12 @@ class DecodeSettings:
         """What of the checkpoint's sidecar the settings carry into SGLang's process, where the algorithms decode:
         the canvas stands for the trained block (the gate held it to the block when serve.py wrote the settings
         and when the plugin loaded them)."""
-        return Sidecar(bd_size=self.block_size, mask_id=self.mask_id, within_block_causal=self.within_block_causal)
+        return Sidecar(
+            bd_size=self.block_size,
+            mask_id=self.mask_id,
+            within_block_causal=self.within_block_causal,
+            draft_adapter=self.draft_adapter,
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -17,34 +17,17 @@ term's energy (`bdcore.draft_adapter_serving.truncate_adapter`) saves CPU time a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from bdcore.draft_adapter_files import DraftAdapterError, adapter_config, load_mask_row, target_modules
+
+__all__ = ["DraftAdapterError", "adapter_config", "load_mask_row", "target_modules", "lora_flags", "max_lora_rank"]
 
 DRAFT_LORA_NAME = "bdstack-draft"
 # vLLM's warmup LoRAs take ids 1..max_loras (LoRAModelRunnerMixin.maybe_setup_dummy_loras); ours stays apart.
 DRAFT_LORA_ID = 4242
 # vLLM 0.33's accepted --max-lora-rank values (config/lora.py `MaxLoRARanks`; the contract check pins them).
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-class DraftAdapterError(ValueError):
-    """A draft adapter vLLM cannot load as asked; the message says why."""
-
-
-def adapter_config(adapter_dir: str | Path) -> dict:
-    path = Path(adapter_dir) / "adapter_config.json"
-    if not path.is_file():
-        raise DraftAdapterError(f"{path} is missing: copy the whole checkpoint directory (its draft adapter)")
-    return json.loads(path.read_text())
-
-
-def target_modules(config: dict) -> list[str]:
-    """The adapted projections' names (peft writes the resolved module paths; vLLM filters by their last part)."""
-    targets = config.get("target_modules")
-    names = [targets] if isinstance(targets, str) else list(targets or ())
-    if not names or "all-linear" in names:
-        raise DraftAdapterError(f"adapter_config.json names no resolved target modules ({targets!r})")
-    return sorted({name.rsplit(".", 1)[-1] for name in names})
 
 
 def max_lora_rank(config: dict) -> int:
@@ -63,18 +46,3 @@ def lora_flags(adapter_dir: str | Path) -> list[str]:
     rank = max_lora_rank(config)
     targets = target_modules(config)
     return ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(rank), "--lora-target-modules", *targets]
-
-
-def load_mask_row(adapter_dir: str | Path, hidden_size: int):
-    """The trained `<|mask|>` input row [hidden_size] of the adapter at `adapter_dir`."""
-    from safetensors.torch import load_file
-
-    from bdcore.draft_adapter import MASK_ROW, MASK_ROW_FILE
-
-    path = Path(adapter_dir) / MASK_ROW_FILE
-    if not path.is_file():
-        raise DraftAdapterError(f"{path} is missing: copy the whole checkpoint directory (its draft adapter)")
-    row = load_file(str(path))[MASK_ROW]
-    if tuple(row.shape) != (hidden_size,):
-        raise DraftAdapterError(f"{path}: a row of {tuple(row.shape)} for a model of hidden size {hidden_size}")
-    return row
