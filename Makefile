@@ -82,7 +82,7 @@ results: venv
 	$(PY) -m benchmark.report
 
 # The SGLang backend against SGLang 0.5.23's own code, on CPU, in its own .venv-sglang (never .venv:
-# triton stays out of it). About 1.5 minutes the first time (it builds .venv-sglang), 10 s after. Not
+# triton stays out of it). About 2 minutes the first time (it builds .venv-sglang, 2.5 GB), 12 s after. Not
 # part of `make test`.
 sglang-contract: venv
 	benchmark/sglang_contract/run.sh

@@ -138,10 +138,14 @@ def randomize_adapter(model, seed: int = 0, scale: float = 0.3) -> None:
 
 def draft_checkpoint(directory, arch: str = "qwen3", seed: int = 0):
     """tiny_checkpoint's base weights untouched, plus a random draft-only adapter (rank 4, every linear
-    projection, a trained-looking <|mask|> row) and a sidecar naming it (the tests and the vLLM contract)."""
+    projection, a trained-looking <|mask|> row) and a sidecar naming it (the tests, the SGLang and vLLM contracts
+    and GPU checks)."""
+    from pathlib import Path
+
     from bdcore.draft_adapter import ADAPTER_DIR, LoraSpec, add_lora, save_adapter
     from bdcore.sidecar import Sidecar, read_sidecar, write_sidecar
 
+    directory = Path(directory)  # the GPU scripts pass a string
     tiny_checkpoint(directory, arch=arch, bd_size=4)
     sidecar = read_sidecar(directory)
     model = AutoModelForCausalLM.from_pretrained(directory)

@@ -24,6 +24,7 @@ import types
 from pathlib import Path
 
 from benchmark.contract_report import Report
+from benchmark.sglang_contract.lora import check_lora
 from benchmark.sglang_contract.names import DLLM_CONFIG_PARAMS, SOURCE_NAMES, class_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,10 +86,24 @@ def check_registration(r: Report) -> None:
     r.check(getattr(DllmConfig.from_server_args, "bdstack", False), "DllmConfig.from_server_args wrapped")
 
 
-def check_command(r: Report, case: dict) -> None:
+def resolve(argv: list[str]):
+    """SGLang's server arguments for a command's argv after `-m MODULE`, through the pipeline's steps the dLLM step
+    reads (--cuda-graph-* into a config, the page size default) and the dLLM step itself: our
+    configure_server_args, then SGLang's own dLLM passes."""
     from sglang.srt.arg_groups.cuda_graph_hook import handle_cuda_graph_config
     from sglang.srt.arg_groups.dllm_hook import handle_dllm_inference
-    from sglang.srt.arg_groups.overrides import _page_size_default, resolving_view, run_post_process_pass
+    from sglang.srt.arg_groups.overrides import _page_size_default, run_post_process_pass
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(argv)
+    handle_cuda_graph_config(args)
+    run_post_process_pass(args, _page_size_default)
+    handle_dllm_inference(args)
+    return args
+
+
+def check_command(r: Report, case: dict) -> None:
+    from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.dllm.algorithm import algo_name_to_cls, get_algorithm
     from sglang.srt.dllm.config import DllmConfig
     from sglang.srt.model_executor.cuda_graph_config import Backend
@@ -114,11 +129,7 @@ def check_command(r: Report, case: dict) -> None:
     if case["mode"] not in ("diffusion", "self-spec"):
         return  # SGLang's own families: their resolution needs the real checkpoint's config (ModelConfig)
     try:
-        # The pipeline's earlier steps the dLLM step reads (--cuda-graph-* into a config, the page size
-        # default), then SGLang's dLLM step: our configure_server_args, then its own passes.
-        handle_cuda_graph_config(args)
-        run_post_process_pass(args, _page_size_default)
-        handle_dllm_inference(args)
+        args = resolve(argv[3:])
     except Exception as e:  # noqa: BLE001 (any failure is the finding)
         r.check(False, f"{name}: resolution raised {type(e).__name__}: {e}")
         return
@@ -222,6 +233,7 @@ def main(work: Path) -> int:
     for case in cases:
         check_command(r, case)
     check_family_presets(r, root)
+    check_lora(r, root, work, cases, resolve)  # last: its stubs let the LoRA modules import (lora.py)
     print(f"sglang contract: {r.passed} checks passed, {len(r.failures)} failed, {len(cases)} commands")
     return 1 if r.failures else 0
 

@@ -1,8 +1,9 @@
 """Every command `serve.py --backend sglang` builds, written to JSON for the SGLang contract check.
 
 Runs in our environment (`.venv`): serve.py reads the checkpoint's tokenizer and sidecar, which the
-SGLang side never does. The checkpoints are the tests' tiny ones (a dense Qwen3, and a Qwen3.5 hybrid
-trained within-block causal: the two kinds the diffusion/self-spec modes serve).
+SGLang side never does. The checkpoints are the tests' tiny ones (a dense Qwen3, a Qwen3.5 hybrid trained
+within-block causal, and the dense Qwen3 with a draft-only adapter: the kinds the diffusion/self-spec modes
+serve); `lora.py` loads the draft one's adapter from WORK/draft.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmark.tiny import tiny_checkpoint
+from benchmark.tiny import draft_checkpoint, tiny_checkpoint
 from inference import serve
 from inference.sglang_backend.command import FAMILIES, bdstack_settings, build_bdstack_command, build_sglang_command
 
@@ -34,7 +35,7 @@ def checkpoints(root: Path) -> dict[str, Path]:
     hybrid = tiny_checkpoint(root / "hybrid", arch="qwen3_5", bd_size=4)
     sidecar = hybrid / "block_diffusion.json"
     sidecar.write_text(json.dumps(json.loads(sidecar.read_text()) | {"within_block_causal": True}))
-    return {"dense": dense, "hybrid": hybrid}
+    return {"dense": dense, "hybrid": hybrid, "draft": draft_checkpoint(root / "draft")}
 
 
 def cases(root: Path) -> list[dict]:

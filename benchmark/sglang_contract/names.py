@@ -38,7 +38,16 @@ SOURCE_NAMES: dict[tuple[str, str | None], tuple[str, ...]] = {
     ),
     ("srt/model_executor/forward_batch_info.py", "ForwardMode"): ("EXTEND", "DLLM_EXTEND", "is_dllm_extend"),
     ("srt/model_executor/model_runner.py", "ModelRunner.forward"): ("forward_batch", "pp_proxy_tensors"),
-    ("srt/model_executor/model_runner.py", "ModelRunner"): ("model", "req_to_token_pool"),
+    ("srt/model_executor/model_runner.py", "ModelRunner"): (
+        "model",
+        "req_to_token_pool",
+        # draft_lora.DraftLoRA.load builds a LoRAManager from these, as ModelRunner.init_lora_manager does
+        "model_config",
+        "load_config",
+        "dtype",
+        "server_args",
+    ),
+    ("srt/configs/model_config.py", "ModelConfig"): ("model_path", "hf_config"),
     ("srt/model_executor/model_runner.py", "ModelRunnerOutput"): ("logits_output", "can_run_graph"),
     ("srt/layers/logits_processor.py", "LogitsProcessorOutput"): ("next_token_logits", "full_logits"),
     ("srt/layers/logits_processor.py", "LogitsProcessor"): ("return_full_logits",),
@@ -79,6 +88,25 @@ SOURCE_NAMES: dict[tuple[str, str | None], tuple[str, ...]] = {
         "ebnf",
         "structural_tag",
     ),
+    # draft_lora.py: our own LoRA manager (lora.py runs the two routing methods themselves), the mask row's embedding
+    ("srt/lora/lora_manager.py", "LoRAManager.__init__"): (
+        "base_model",
+        "base_hf_config",
+        "max_loras_per_batch",
+        "load_config",
+        "dtype",
+        "server_args",
+        "lora_backend",
+        "max_lora_rank",
+        "target_modules",
+        "lora_paths",
+    ),
+    ("srt/lora/lora_manager.py", "LoRAManager"): ("fetch_new_loras", "prepare_lora_token_segments", "reset_lora_batch"),
+    ("srt/lora/lora_registry.py", "LoRARef"): ("lora_id", "lora_name", "lora_path", "pinned", "deterministic_id"),
+    ("srt/models/qwen3.py", "Qwen3ForCausalLM"): ("get_input_embeddings",),
+    ("srt/models/llama.py", "LlamaForCausalLM"): ("get_input_embeddings",),
+    # (its `weight` is registered by the quant method's create_weights, not in the class body)
+    ("srt/layers/vocab_parallel_embedding.py", "VocabParallelEmbedding"): ("embedding_dim", "forward"),
     # launch.py
     ("launch_server.py", None): ("run_server", "load_plugins", "prepare_server_args", "kill_process_tree"),
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make sglang-contract`: bdstack's SGLang commands, plugin and presets against SGLang 0.5.23's own code,
-# on CPU. Builds .venv-sglang once (80 s measured on 2 cores with pip's cache warm; cold, add the
-# download of torch CPU and triton, ~480 MB; ~1.6 GB installed), then about 10 s a run.
+# on CPU. Builds .venv-sglang once (2 minutes measured on 2 shared cores with pip's cache warm; cold, add the
+# download of torch CPU, triton and transformers; 2.5 GB installed), then about 12 s a run.
 # See inference/sglang_backend/README.md ("Verified where").
 set -euo pipefail
 cd "$(dirname "$0")/../.."

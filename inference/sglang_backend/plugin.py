@@ -14,7 +14,10 @@ their stock architecture (e.g. Qwen3ForCausalLM), so `register()`:
    DECODER_BIDIRECTIONAL, causal otherwise. That holds for DLLM_EXTEND (canvases) and, with CUDA
    graphs off and no chunked prefill (our settings), for ordinary EXTEND (context passes, prompts)
    too, so the algorithms set the type before every forward; the first call also makes the model's
-   LogitsProcessor return every canvas row's logits (`return_full_logits`).
+   LogitsProcessor return every canvas row's logits (`return_full_logits`);
+4. gives them their draft-adapter hook (`draft_router`): a checkpoint's draft adapter loaded into a LoRA
+   manager of SGLang's over the served model at the first forward (`draft_lora.py`), which the algorithms
+   route per token to canvas rows.
 
 `launch.py` calls `register()` at import, so it runs in the launcher and in every process SGLang
 spawns (spawned children re-import the main module). The pieces below take SGLang's classes as
