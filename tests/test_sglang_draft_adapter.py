@@ -123,7 +123,8 @@ def test_token_segments_are_runs_of_rows():
 def test_every_forward_routes_the_adapter_to_canvas_rows_only(ckpt, models, cls):
     """Three requests, two at a time: context passes run without LoRA batch info (the base model); a diffusion
     denoise forward or a self-spec drafting forward (the seeded canvas) takes the adapter at every canvas row of
-    the requests it plans, a self-spec verify forward at none, and requests riding along at none."""
+    the requests it plans, requests riding along at none; a self-spec verify forward, with no row drafting, runs
+    without LoRA batch info at all."""
     _, served, _ = models
     s = settings(ckpt, "diffusion" if cls is ShiftedDiffusion else "self-spec", threshold=0.1)
     runner = EmulatedModelRunner(served)
@@ -135,6 +136,10 @@ def test_every_forward_routes_the_adapter_to_canvas_rows_only(ckpt, models, cls)
         if mode == "EXTEND":
             assert routing is None, "a context pass runs the base weights"
             continue
+        if routing is None:  # no row drafts: the forward runs without LoRA batch info (a verify forward)
+            canvas.append([False])
+            continue
+        assert any(routing), "a forward with no drafting row installs no routing"
         per_request = [routing[i : i + B] for i in range(0, len(routing), B)]
         assert all(set(r) <= {True} or set(r) <= {False} for r in per_request), "a canvas takes it at every row"
         canvas.append([all(r) for r in per_request])

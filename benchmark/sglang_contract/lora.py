@@ -186,16 +186,19 @@ def check_one(r, case: dict, args, draft: Path, hf, peft: dict, made: list) -> N
     canvas = [(info, want) for mode, info, want in runner.seen if mode == "DLLM_EXTEND"]
     r.check(served > 0 and context and canvas, f"{name}: requests decoded over fake batches ({served} tokens)")
     r.check(all(info is None for info in context), f"{name}: context passes run without LoRA batch info")
-    routed = [rows_of(info, ref.lora_id, manager) for info, _ in canvas]
+    routed = [rows_of(info, ref.lora_id, manager) or [False] * len(want) for info, want in canvas]
     r.check(
         all(got == want for got, (_, want) in zip(routed, canvas)), f"{name}: each forward's rows are Rows.drafting"
     )
     r.check(any(any(g) for g in routed), f"{name}: the adapter is routed")
+    only_drafting = all((info is None) == (not any(want)) for info, want in canvas)
+    r.check(only_drafting, f"{name}: LoRA batch info only for forwards with drafting rows")
     if "self-spec" in name:
         r.check(all(any(g) for g in routed[0::2]) and not any(any(g) for g in routed[1::2]), f"{name}: draft, verify")
     r.check(manager.lora_backend.batch_info is None, f"{name}: routing reset after the last forward")
     for (info, _), want in zip(canvas, routed):
-        check_terms(r, name, info, want, manager.loras[ref.lora_id], peft)
+        if info is not None:
+            check_terms(r, name, info, want, manager.loras[ref.lora_id], peft)
 
 
 def rows_of(info, lora_id: str, manager) -> list[bool] | None:

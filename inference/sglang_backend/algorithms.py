@@ -117,7 +117,7 @@ class ShiftedCanvasAlgorithm:
 
     def _canvas_forward(self, model_runner, forward_batch, drafting: list[bool], *, bidirectional: bool):
         with self.recurrent_state_guard(model_runner, forward_batch):
-            if self.router is None:
+            if self.router is None or not any(drafting):  # no batch info at all: no LoRA kernel runs (verify forwards)
                 return self._forward(model_runner, forward_batch, bidirectional=bidirectional)
             self.router.route(drafting)
             try:
