@@ -26,7 +26,8 @@ from collections.abc import Callable
 from math import isqrt
 
 from bdcore.capabilities import MODES, Capabilities
-from bdcore.decode.config import AUTO, SELF_SPEC_CANVASES, DecodeConfig, ResolvedDecode, denoise_budget
+from bdcore.decode.config import AUTO, SELF_SPEC_CANVASES, TREE_OFF, DecodeConfig, ResolvedDecode, denoise_budget
+from bdcore.decode.tree import parse_tree
 from bdcore.sidecar import SIDECAR_NAME
 
 BACKENDS = ("native", "sglang", "vllm")
@@ -211,6 +212,13 @@ def _check_fixed_layout(settings: DecodeConfig, engine: str) -> None:
             "integer, or use --backend native",
             "draft_len",
         )
+    if settings.tree != TREE_OFF:  # issue 44: the tree mask and a kept path of rows are native-only
+        raise CannotServe(
+            f"--tree {settings.tree} is a native-engine decode: a draft tree's verify needs a per-row ancestor "
+            f"mask and keeps a path of non-adjacent rows in the KV cache, which our {engine} plugin does not "
+            "express (it verifies one chain of drafts); use --tree off, or --backend native",
+            "tree",
+        )
 
 
 def _check_ranges(s: DecodeConfig) -> None:
@@ -225,6 +233,18 @@ def _check_ranges(s: DecodeConfig) -> None:
         raise CannotServe(
             f"self_spec_canvases must be one of {SELF_SPEC_CANVASES}, got {s.self_spec_canvases!r}",
             "self_spec_canvases",
+        )
+    if s.tree not in (TREE_OFF, AUTO):
+        try:
+            parse_tree(s.tree)
+        except ValueError as e:
+            raise CannotServe(f"{e}; or off, or auto", "tree") from None
+    if s.tree == AUTO and s.mode == "self-spec" and AUTO not in (s.draft_len, s.self_spec_canvases):
+        raise CannotServe(
+            "tree auto lets the engine weigh draft trees each step, which it does with --draft-len auto or "
+            "--self-spec-canvases auto; give one of those, or a tree shape (e.g. --tree spine:2,2,2) to verify "
+            "that tree every step",
+            "tree",
         )
     if not s.threshold >= 0.0:  # above 1: one slot per step (nothing is ever that confident)
         raise CannotServe(
@@ -273,4 +293,6 @@ def _filled(caps: Capabilities, s: DecodeConfig) -> ResolvedDecode:
     auto_len = s.draft_len == AUTO
     draft = bd if auto_len else s.draft_len or bd
     budget = denoise_budget(block, s.steps, shift=caps.shift)
-    return ResolvedDecode(s.mode, block, budget, s.threshold, draft, s.fuse_commit, s.self_spec_canvases, auto_len)
+    return ResolvedDecode(
+        s.mode, block, budget, s.threshold, draft, s.fuse_commit, s.self_spec_canvases, auto_len, tree=s.tree
+    )

@@ -9,19 +9,16 @@ from collections import Counter
 import pytest
 
 from bdcore.capabilities import Capabilities
-from bdcore.decode.cost import RowCost
-from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.speculation import (
+from bdcore.decode.acceptance import (
     AcceptanceEstimate,
     DraftAcceptance,
     DraftRates,
-    Layout,
-    SpeculationPolicy,
-    cycle,
-    layouts,
     prior_from_quality,
     read_draft_prior,
 )
+from bdcore.decode.cost import RowCost
+from bdcore.decode.sampling import SamplingParams
+from bdcore.decode.speculation import Layout, SpeculationPolicy, cycle, layouts
 from bdcore.loading import load_checkpoint
 from bdcore.sidecar import Sidecar
 from inference.native.engine import DecodeConfig, Engine
@@ -81,7 +78,9 @@ def test_acceptance_estimate_by_hand():
 
 def test_draft_acceptance_keeps_stale_drafts_apart():
     pooled = DraftAcceptance.from_prior([0.8], strength=2.0)
-    assert pooled.rates(2) == DraftRates([0.8, 0.8], [0.8, 0.8])  # no stale observation: the fresh estimate
+    r = pooled.rates(2)
+    assert (r.fresh, r.stale) == ([0.8, 0.8], [0.8, 0.8])  # no stale observation: the fresh estimate
+    assert r.alternatives == [(0.0,) * 4] * 2  # side candidates: none until seen right
     pooled.observe(2, 0, stale=True)
     pooled.observe(2, 0, stale=True)
     r = pooled.rates(2)
@@ -112,14 +111,16 @@ def test_stale_drafts_follow_their_own_prior_where_they_have_one():
     """A request starts from the pool's stale rates as the prior of its stale drafts (poorer than its fresh
     ones on a real checkpoint); the fresh rates stand in only where no stale prior exists."""
     request = DraftAcceptance(AcceptanceEstimate([0.9, 0.8], 2.0), AcceptanceEstimate([0.3, 0.2], 2.0))
-    assert request.rates(2) == DraftRates([0.9, 0.8], [0.3, 0.2])
+    r = request.rates(2)
+    assert (r.fresh, r.stale) == ([0.9, 0.8], [0.3, 0.2])
     request.observe(2, 1, stale=True)  # stale draft 1 accepted, draft 2 rejected
     assert request.rates(2).stale == pytest.approx([(1 + 2 * 0.3) / 3, (0 + 2 * 0.2) / 3])
     pooled = DraftAcceptance.from_prior([0.8], strength=2.0)
     for _ in range(2):
         pooled.observe(2, 0, stale=True)
     fresh_start = DraftAcceptance.starting_from(pooled, 2, strength=4.0)
-    assert fresh_start.rates(2) == pooled.rates(2) == DraftRates([0.8, 0.8], [1.6 / 4, 0.8])
+    assert fresh_start.rates(2) == pooled.rates(2)
+    assert (pooled.rates(2).fresh, pooled.rates(2).stale) == ([0.8, 0.8], [1.6 / 4, 0.8])
 
 
 def test_prior_from_quality_recovers_a_geometric_chain():
@@ -139,11 +140,18 @@ def test_read_draft_prior(tmp_path):
         read_draft_prior(tmp_path)
 
 
-def _simulated_speed(layout: Layout, rates, cost, steps=20000, seed=0, stale_rates=None) -> float:
-    """Tokens per second of a layout used at every step, by simulation: drafts accepted one by one with
-    probability rates[j] until a rejection, cold steps when no canvas followed the accepted prefix; drafts
-    from a canvas after a rejected draft are accepted with `stale_rates` (default: `rates`)."""
+def _simulated_speed(layout: Layout, rates, cost, steps=20000, seed=0, stale_rates=None, alternatives=None) -> float:
+    """Tokens per second of a layout used at every step, by simulation: at each depth the AR token is the
+    draft (the argmax) with probability rates[j], cold steps when no canvas followed the accepted path;
+    drafts from a canvas after a rejected draft are accepted with `stale_rates` (default: `rates`). Draft
+    trees (tests/test_tree_policy.py): a rejected argmax's AR token is among the top w candidates with
+    `alternatives[j][w - 1]` (None: never); a spine's side candidates are leaves; a path off the spine
+    leaves no drafts."""
+    from bdcore.decode.tree import cut
+
     rng = random.Random(seed)
+    shape = cut(layout.tree, layout.drafts) if layout.tree is not None else None
+    widths = shape.widths if shape is not None else (1,) * layout.drafts
     tokens = seconds = 0.0
     warm = stale = False
     for _ in range(steps):
@@ -154,11 +162,17 @@ def _simulated_speed(layout: Layout, rates, cost, steps=20000, seed=0, stale_rat
             tokens, seconds, warm, stale = tokens + 1, seconds + cost(1 + layout.canvas), True, False
             continue
         now = stale_rates if stale and stale_rates is not None else rates
-        k = 0
-        while k < layout.drafts and rng.random() < now[k]:
-            k += 1
+        k, on = 0, True
+        while k < layout.drafts and not (shape is not None and shape.spine and not on):
+            rank = 0 if rng.random() < now[k] else 4  # 4: not among the candidates
+            if rank and alternatives is not None:
+                u = rng.random()
+                rank = next((w - 1 for w in (2, 3, 4) if u < alternatives[k][w - 1]), 4)
+            if rank >= widths[k]:
+                break
+            k, on = k + 1, on and rank == 0
         tokens, seconds = tokens + k + 1, seconds + cost(layout.rows)
-        warm, stale = k >= layout.first_canvas, k < layout.drafts
+        warm, stale = on and k >= layout.first_canvas, k < layout.drafts
     return tokens / seconds
 
 
