@@ -15,7 +15,7 @@ What each backend serves (`CHECKPOINT_RULES`; tests/test_serving_gate.py writes 
   causal-clean checkpoints; SGLang takes hybrids only with a within-block-causal canvas and no draft adapter
   yet, vLLM no hybrid and only the architectures its plugin extends, draft adapters included (its own LoRA
   machinery, routed per token to canvas rows: inference/vllm_backend/draft_lora.py). Both run fixed layouts
-  (one canvas after the last clean row, a fixed draft length).
+  (one canvas after the last clean row, a fixed draft length, a chain of drafts: no draft trees).
 
 Stdlib only at import: the SGLang and vLLM plugins import it in those engines' own environments.
 """
@@ -52,7 +52,7 @@ NOT_WITH_NOISE_FILL = (
 class CannotServe(ValueError):
     """A decode a backend cannot serve on a checkpoint; the message says why and what to do. `setting` names
     what to change: "mode" (the mode, or the checkpoint), "backend", or a decode setting ("block_size",
-    "draft_len", "steps", "threshold", "self_spec_canvases"), so a server can point a client at its field."""
+    "draft_len", "steps", "threshold", "self_spec_canvases", "tree"), so a server can point a client at its field."""
 
     def __init__(self, message: str, setting: str = "mode"):
         super().__init__(message)
@@ -238,14 +238,7 @@ def _check_ranges(s: DecodeConfig) -> None:
         try:
             parse_tree(s.tree)
         except ValueError as e:
-            raise CannotServe(f"{e}; or off, or auto", "tree") from None
-    if s.tree == AUTO and s.mode == "self-spec" and AUTO not in (s.draft_len, s.self_spec_canvases):
-        raise CannotServe(
-            "tree auto lets the engine weigh draft trees each step, which it does with --draft-len auto or "
-            "--self-spec-canvases auto; give one of those, or a tree shape (e.g. --tree spine:2,2,2) to verify "
-            "that tree every step",
-            "tree",
-        )
+            raise CannotServe(f"--tree: {e}; or off, or auto", "tree") from None
     if not s.threshold >= 0.0:  # above 1: one slot per step (nothing is ever that confident)
         raise CannotServe(
             f"threshold must be a number >= 0, got {s.threshold}; give one in [0, 1] (default 0.9)", "threshold"

@@ -19,8 +19,8 @@ __all__ = ["AUTO", "MODES", "SELF_SPEC_CANVASES", "TREE_OFF", "DecodeConfig", "R
 SELF_SPEC_CANVASES = ("last", "all", "auto")
 AUTO = "auto"  # draft_len / self_spec_canvases / tree: chosen each step by the engine
 # Self-spec draft trees (greedy requests; sampled ones verify the chain): "off", "auto" (the policy weighs
-# trees beside the chains) or a shape every verify step uses, "W1,W2,..." or "spine:W1,..."
-# (bdcore/decode/tree.py). Native engine only.
+# trees beside the chains where it chooses the layout; with a fixed layout, chains) or a shape every verify
+# step uses, "W1,W2,..." or "spine:W1,..." (bdcore/decode/tree.py). Native engine only.
 TREE_OFF = "off"
 
 
