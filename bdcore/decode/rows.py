@@ -104,8 +104,7 @@ class Rows:
         """[Q, Q] bool laid over the attention rule among a tree forward's new rows (`bdcore.decode.tree`)."""
         if self.parents is None:
             return None
-        n = len(self.parents)
-        return ancestry(self.parents + [None] * len(self.follows), list(range(n)) + self.follows)
+        return ancestry(self.parents, list(range(len(self.parents))) + self.follows)
 
 
 @dataclass

@@ -142,9 +142,15 @@ class SequenceCache:
             return
         if self.plan is not None:
             restore(self.plan, rows[-1] + 1, self.states)
-        index = torch.tensor([*range(base), *(base + r for r in rows)], device=self.keys[0].device)
-        self.keys = [k.index_select(1, index) for k in self.keys]
-        self.values = [v.index_select(1, index) for v in self.values]
+        # The path's rows move down over the dropped branches' in place (gathered first): copying the whole cache
+        # instead would cost more than the step on a long context.
+        end = base + len(rows)
+        index = torch.tensor([base + r for r in rows], device=self.keys[0].device)
+        with torch.inference_mode(self.keys[0].is_inference()):  # the engine's caches are inference tensors
+            for t in (*self.keys, *self.values):
+                t[:, base:end] = t.index_select(1, index)
+        self.keys = [k[:, :end] for k in self.keys]
+        self.values = [v[:, :end] for v in self.values]
 
 
 class EngineOwnedCache:
