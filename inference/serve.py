@@ -115,13 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument(
         "--tree",
         default=None,
-        help="self-spec draft trees (greedy requests; sampled ones verify one chain of drafts): off; auto, the "
-        "engine weighs trees of each slot's top candidates against its chains from the row cost it measures and "
-        "how often a side candidate has been right, and verifies one only where it rates faster; or a shape "
-        "every verify step uses, W1,W2,... (the candidates offered at each depth, 1-4; deeper depths a chain; "
-        "e.g. 2,2) or spine:W1,... (only the argmax chain branches). auto weighs trees where the engine chooses "
-        "the layout (--draft-len or --self-spec-canvases auto; with both fixed it verifies chains). Default: auto; "
-        "native engine only (SGLang and vLLM refuse it)",
+        help="self-spec draft trees of each slot's top candidates, greedy requests only: off; auto (default: weighed "
+        "against chains where the layout is auto, verified where rated faster); or a shape every step verifies, "
+        "W1,W2,... (candidates per depth, 1-4; e.g. 2,2) or spine:W1,... (only the argmax chain branches). "
+        "Native engine only: SGLang and vLLM refuse it",
     )
     n.add_argument("--max-tokens", type=int, default=512, help="default max_tokens when a request gives none")
     n.add_argument(

@@ -24,6 +24,7 @@ from bdcore.sidecar import Sidecar
 from inference.native.engine import DecodeConfig, Engine
 from inference.native.scheduler import Scheduler
 from tests import reference_decoder as ref
+from tests.layout_simulation import simulated_speed
 from tests.test_invariant_4_self_spec import _prompts, ar_law, total_variation
 from tests.tiny import tiny_checkpoint
 
@@ -140,42 +141,6 @@ def test_read_draft_prior(tmp_path):
         read_draft_prior(tmp_path)
 
 
-def _simulated_speed(layout: Layout, rates, cost, steps=20000, seed=0, stale_rates=None, alternatives=None) -> float:
-    """Tokens per second of a layout used at every step, by simulation: at each depth the AR token is the
-    draft (the argmax) with probability rates[j], cold steps when no canvas followed the accepted path;
-    drafts from a canvas after a rejected draft are accepted with `stale_rates` (default: `rates`). Draft
-    trees (tests/test_tree_policy.py): a rejected argmax's AR token is among the top w candidates with
-    `alternatives[j][w - 1]` (None: never); a spine's side candidates are leaves; a path off the spine
-    leaves no drafts."""
-    from bdcore.decode.tree import cut
-
-    rng = random.Random(seed)
-    shape = cut(layout.tree, layout.drafts) if layout.tree is not None else None
-    widths = shape.widths if shape is not None else (1,) * layout.drafts
-    tokens = seconds = 0.0
-    warm = stale = False
-    for _ in range(steps):
-        if layout.canvas == 0:
-            tokens, seconds = tokens + 1, seconds + cost(1)
-            continue
-        if not warm:
-            tokens, seconds, warm, stale = tokens + 1, seconds + cost(1 + layout.canvas), True, False
-            continue
-        now = stale_rates if stale and stale_rates is not None else rates
-        k, on = 0, True
-        while k < layout.drafts and not (shape is not None and shape.spine and not on):
-            rank = 0 if rng.random() < now[k] else 4  # 4: not among the candidates
-            if rank and alternatives is not None:
-                u = rng.random()
-                rank = next((w - 1 for w in (2, 3, 4) if u < alternatives[k][w - 1]), 4)
-            if rank >= widths[k]:
-                break
-            k, on = k + 1, on and rank == 0
-        tokens, seconds = tokens + k + 1, seconds + cost(layout.rows)
-        warm, stale = on and k >= layout.first_canvas, k < layout.drafts
-    return tokens / seconds
-
-
 @pytest.mark.parametrize(
     "rates,points",
     [
@@ -189,7 +154,7 @@ def test_policy_picks_the_fastest_layout_of_an_independent_simulation(rates, poi
     cost = RowCost(points)
     options = layouts(7, "auto", None)
     (picked,) = SpeculationPolicy(cost).choose([rates], [options])
-    speeds = {o: _simulated_speed(o, rates, cost) for o in options}
+    speeds = {o: simulated_speed(o, rates, cost) for o in options}
     best = max(speeds.values())
     assert speeds[picked] >= 0.97 * best, (picked, speeds[picked], max(speeds, key=speeds.get), best)
 
@@ -207,7 +172,7 @@ def test_policy_with_stale_drafts_picks_the_fastest_layout_of_the_simulation(fre
     cost = RowCost(points)
     options = layouts(7, "auto", None)
     (picked,) = SpeculationPolicy(cost).choose([DraftRates(fresh, stale)], [options])
-    speeds = {o: _simulated_speed(o, fresh, cost, stale_rates=stale) for o in options}
+    speeds = {o: simulated_speed(o, fresh, cost, stale_rates=stale) for o in options}
     best = max(speeds.values())
     assert speeds[picked] >= 0.97 * best, (picked, speeds[picked], max(speeds, key=speeds.get), best)
     (blind,) = SpeculationPolicy(cost).choose([fresh], [options])  # one acceptance for both sources
@@ -241,7 +206,7 @@ def test_step_overhead_outside_the_forward_favours_drafting():
     def with_overhead(rows):
         return cost(rows) + 3.0
 
-    speeds = {o: _simulated_speed(o, rates, with_overhead) for o in opts}
+    speeds = {o: simulated_speed(o, rates, with_overhead) for o in opts}
     assert picked.drafts > 0 and speeds[picked] >= 0.97 * max(speeds.values())
 
 

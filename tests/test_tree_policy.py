@@ -21,8 +21,9 @@ from bdcore.loading import load_checkpoint
 from inference.native.engine import DecodeConfig, Engine
 from inference.native.scheduler import Scheduler
 from tests import reference_decoder as ref
+from tests.layout_simulation import simulated_speed
 from tests.test_invariant_4_self_spec import _prompts
-from tests.test_speculation import RandomPolicy, _batch_choice_by_brute_force, _simulated_speed
+from tests.test_speculation import RandomPolicy, _batch_choice_by_brute_force
 from tests.tiny import agreeing_checkpoint
 
 # ---- the figures, by hand and by simulation ---------------------------------------------------------------
@@ -56,7 +57,7 @@ def test_tree_cycles_match_the_simulation():
         alts = [tuple(sorted([0.0] + [rng.uniform(0, 0.8) for _ in range(3)])) for _ in range(5)]
         for layout in rng.sample(layouts(5, "auto", None, "auto"), 6):
             want = cycle(layout, DraftRates(fresh, stale, alts)).tokens_per_forward
-            got = _simulated_speed(layout, fresh, cost, steps=30000, stale_rates=stale, alternatives=alts)
+            got = simulated_speed(layout, fresh, cost, steps=30000, stale_rates=stale, alternatives=alts)
             assert got == pytest.approx(want, rel=0.03), layout
 
 
@@ -80,8 +81,8 @@ def test_the_policy_never_picks_a_tree_slower_than_the_best_chain():
         (picked,) = SpeculationPolicy(cost).choose([DraftRates(fresh, stale, alts)], [options])
         chains = [o for o in options if o.tree is None]
         draws = dict(steps=8000, stale_rates=stale, alternatives=alts)
-        best_chain = max(_simulated_speed(o, fresh, cost, **draws) for o in chains)
-        assert _simulated_speed(picked, fresh, cost, **draws) >= 0.97 * best_chain, picked
+        best_chain = max(simulated_speed(o, fresh, cost, **draws) for o in chains)
+        assert simulated_speed(picked, fresh, cost, **draws) >= 0.97 * best_chain, picked
         trees += picked.tree is not None
     assert trees > 0, "trees were picked where they pay"
 
