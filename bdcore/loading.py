@@ -20,8 +20,8 @@ from bdcore.checkpoint_files import (
     safetensors_header,
     weight_files,
 )
+from bdcore.decode.acceptance import read_draft_prior
 from bdcore.decode.config import DecodeConfig
-from bdcore.decode.speculation import read_draft_prior
 from bdcore.draft_adapter import load_draft_adapter
 from bdcore.draft_adapter_serving import DRAFT_ENERGY, prepare_serving, truncate_adapter
 from bdcore.serving_gate import resolve

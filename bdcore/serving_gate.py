@@ -16,7 +16,7 @@ What each backend serves (`CHECKPOINT_RULES`; tests/test_serving_gate.py writes 
   canvas rows: inference/sglang_backend/draft_lora.py, inference/vllm_backend/draft_lora.py); SGLang takes
   hybrids only with a within-block-causal canvas and without a draft adapter, vLLM no hybrid and only the
   architectures its plugin extends. Both run fixed layouts (one canvas after the last clean row, a fixed draft
-  length).
+  length, a chain of drafts: no draft trees).
 
 Stdlib only at import: the SGLang and vLLM plugins import it in those engines' own environments.
 """
@@ -27,7 +27,8 @@ from collections.abc import Callable
 from math import isqrt
 
 from bdcore.capabilities import MODES, Capabilities
-from bdcore.decode.config import AUTO, SELF_SPEC_CANVASES, DecodeConfig, ResolvedDecode, denoise_budget
+from bdcore.decode.config import AUTO, SELF_SPEC_CANVASES, TREE_OFF, DecodeConfig, ResolvedDecode, denoise_budget
+from bdcore.decode.tree import parse_tree
 from bdcore.sidecar import SIDECAR_NAME
 
 BACKENDS = ("native", "sglang", "vllm")
@@ -44,7 +45,7 @@ NOT_WITH_NOISE_FILL = (
 class CannotServe(ValueError):
     """A decode a backend cannot serve on a checkpoint; the message says why and what to do. `setting` names
     what to change: "mode" (the mode, or the checkpoint), "backend", or a decode setting ("block_size",
-    "draft_len", "steps", "threshold", "self_spec_canvases"), so a server can point a client at its field."""
+    "draft_len", "steps", "threshold", "self_spec_canvases", "tree"), so a server can point a client at its field."""
 
     def __init__(self, message: str, setting: str = "mode"):
         super().__init__(message)
@@ -209,6 +210,13 @@ def _check_fixed_layout(settings: DecodeConfig, engine: str) -> None:
             "integer, or use --backend native",
             "draft_len",
         )
+    if settings.tree != TREE_OFF:  # issue 44: the tree mask and a kept path of rows are native-only
+        raise CannotServe(
+            f"--tree {settings.tree} is a native-engine decode: a draft tree's verify needs a per-row ancestor "
+            f"mask and keeps a path of non-adjacent rows in the KV cache, which our {engine} plugin does not "
+            "express (it verifies one chain of drafts); use --tree off, or --backend native",
+            "tree",
+        )
 
 
 def _check_ranges(s: DecodeConfig) -> None:
@@ -224,6 +232,11 @@ def _check_ranges(s: DecodeConfig) -> None:
             f"self_spec_canvases must be one of {SELF_SPEC_CANVASES}, got {s.self_spec_canvases!r}",
             "self_spec_canvases",
         )
+    if s.tree not in (TREE_OFF, AUTO):
+        try:
+            parse_tree(s.tree)
+        except ValueError as e:
+            raise CannotServe(f"--tree: {e}; or off, or auto", "tree") from None
     if not s.threshold >= 0.0:  # above 1: one slot per step (nothing is ever that confident)
         raise CannotServe(
             f"threshold must be a number >= 0, got {s.threshold}; give one in [0, 1] (default 0.9)", "threshold"
@@ -271,4 +284,6 @@ def _filled(caps: Capabilities, s: DecodeConfig) -> ResolvedDecode:
     auto_len = s.draft_len == AUTO
     draft = bd if auto_len else s.draft_len or bd
     budget = denoise_budget(block, s.steps, shift=caps.shift)
-    return ResolvedDecode(s.mode, block, budget, s.threshold, draft, s.fuse_commit, s.self_spec_canvases, auto_len)
+    return ResolvedDecode(
+        s.mode, block, budget, s.threshold, draft, s.fuse_commit, s.self_spec_canvases, auto_len, tree=s.tree
+    )

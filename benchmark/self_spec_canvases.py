@@ -44,12 +44,21 @@ VARIANTS = {
 }
 
 
-def variants(draft_len: int | None, draft_lens: list[int]) -> dict[str, dict]:
-    """The named variants, with `draft_len` for the fixed ones, then both layouts at each of `draft_lens`."""
+def variants(draft_len: int | None, draft_lens: list[int], trees: list[str] = ()) -> dict[str, dict]:
+    """The named variants, with `draft_len` for the fixed ones, then both layouts at each of `draft_lens`, then
+    per draft-tree setting (`--trees`): auto as `self-spec auto trees` (auto with trees weighed), a shape in
+    both layouts at `draft_len`."""
     out = {k: ({"draft_len": draft_len} if "draft_len" not in v else {}) | v for k, v in VARIANTS.items()}
     for n in draft_lens:
         for canvases in ("last", "all"):
             out[f"self-spec {canvases} N={n}"] = dict(mode="self-spec", self_spec_canvases=canvases, draft_len=n)
+    for tree in trees:
+        if tree == "auto":
+            out["self-spec auto trees"] = VARIANTS["self-spec auto"] | {"tree": "auto"}
+            continue
+        for canvases in ("last", "all"):
+            fixed = dict(mode="self-spec", self_spec_canvases=canvases, draft_len=draft_len, tree=tree)
+            out[f"self-spec {canvases} tree={tree}"] = fixed
     return out
 
 
@@ -86,6 +95,7 @@ def measure(
     max_tokens: int,
     draft_len: int | None,
     draft_lens: list[int] = (),
+    trees: list[str] = (),
     concurrency: int = 1,
     only: list[str] = (),
     dtype: str = "auto",
@@ -117,7 +127,7 @@ def measure(
         for ids in heldout.prompt_ids
     ]
     params = SamplingParams(max_tokens=max_tokens)
-    chosen = variants(draft_len, list(draft_lens))
+    chosen = variants(draft_len, list(draft_lens), list(trees))
     unknown = sorted(set(only) - set(chosen))
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; choose from {list(chosen)}")
@@ -186,7 +196,8 @@ def table(rows: list[dict]) -> str:
     if base is None:
         lines.append("\n(no base-model baseline: a full conversion's base is another model; pass --base)")
     auto = next((r for r in rows if r["variant"] == "self-spec auto"), None)
-    fixed = [r for r in rows if r["variant"] not in ("causal", "self-spec auto", BASELINE)]
+    not_fixed = ("causal", BASELINE, "self-spec auto", "self-spec auto trees")  # auto: chosen each step
+    fixed = [r for r in rows if r["variant"] not in not_fixed]
     if auto is not None and fixed:
         best = max(fixed, key=lambda r: r["tok_s"])
         vs_base = f"{auto['tok_s'] / base:.2f}x the base model's generate, " if base else ""
@@ -243,6 +254,13 @@ def main(argv=None) -> int:
         type=lambda t: [int(x) for x in t.split(",") if x],
         default=[],
         help="also every fixed N in this comma list, in both layouts (e.g. 2,3,4,8)",
+    )
+    p.add_argument(
+        "--trees",
+        action="append",
+        default=[],
+        help="also self-spec with draft trees (greedy): auto adds 'self-spec auto trees' (auto with trees weighed); "
+        "a shape (W1,W2,... or spine:W1,..., as serve.py --tree) adds it at --draft-len in both layouts; repeatable",
     )
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight (batched scheduler; default 1)")
     p.add_argument(
@@ -301,6 +319,7 @@ def main(argv=None) -> int:
         max_tokens=args.max_tokens,
         draft_len=args.draft_len,
         draft_lens=args.draft_lens,
+        trees=args.trees,
         concurrency=args.concurrency,
         only=args.variants,
         dtype=args.dtype,

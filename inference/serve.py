@@ -28,7 +28,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python inference/X.py` from a checkout: the packages live in its root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bdcore.decode.config import AUTO, DecodeConfig  # noqa: E402
+from bdcore.decode.config import AUTO, TREE_OFF, DecodeConfig  # noqa: E402
 from bdcore.decode.config import MODES as NATIVE_MODES  # noqa: E402
 from bdcore.serving_gate import resolve  # noqa: E402
 from inference.sglang_backend.command import FAMILIES as SGLANG_FAMILIES  # noqa: E402
@@ -111,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="self-spec verify forwards draft after the last clean row only (a rejection then costs a cold "
         "step), after every clean row (no cold steps, N*N rows a forward), or auto: after the rows the engine "
         "chooses each step, from measured cost and acceptance. Default: auto on the native engine, last on SGLang",
+    )
+    n.add_argument(
+        "--tree",
+        default=None,
+        help="self-spec draft trees of each slot's top candidates, greedy requests only: off; auto (default: weighed "
+        "against chains where the layout is auto, verified where rated faster); or a shape every step verifies, "
+        "W1,W2,... (candidates per depth, 1-4; e.g. 2,2) or spine:W1,... (only the argmax chain branches). "
+        "Native engine only: SGLang and vLLM refuse it",
     )
     n.add_argument("--max-tokens", type=int, default=512, help="default max_tokens when a request gives none")
     n.add_argument(
@@ -247,6 +255,9 @@ def run_child(args, extra: list[str], backend: str) -> int:
 
         build = sglang_command
     try:
+        if args.tree not in (None, TREE_OFF):  # the gate says why this backend verifies no draft tree
+            caps = child_capabilities(args.model, args.mode)
+            resolve(caps, DecodeConfig(args.mode, **child_settings(args), tree=args.tree), backend)
         cmd = build(args, extra)
     except ValueError as e:
         raise ServeError(str(e)) from e
@@ -298,6 +309,8 @@ def native_decode(args):
         draft_len=args.draft_len or AUTO,
         fuse_commit=not args.no_fuse_commit,
         self_spec_canvases=args.self_spec_canvases or AUTO,
+        # Trees are weighed where the engine chooses layouts, and verified only where the policy rates them faster.
+        tree=args.tree or AUTO,
     )
 
 

@@ -261,6 +261,31 @@ def unshifted_diffusion(
         committed += canvas
 
 
+def _candidates(canvas_logits: torch.Tensor, k: int = 4) -> list[list[int]]:
+    """Each canvas row's k best tokens, best first, equal logits by lower id (as argmax breaks them)."""
+    return [torch.sort(-row, stable=True).indices[:k].tolist() for row in canvas_logits]
+
+
+def _walk_tree(ref: ReferenceModel, known: list[int], candidates, widths, spine: bool, depth: int):
+    """Greedy verification of a draft tree, one full-sequence forward per node on the way: from the pending
+    token, while the AR token after the path is offered below it, take it. Below a node at depth d the tree
+    offers slot d + 1's first widths[d] candidates (past the widths: the argmax only); with `spine`, only
+    nodes on the argmax chain have children. Returns (accepted tokens, the AR token after them, whether
+    every accepted token was its slot's argmax)."""
+    path, on_spine = [], True
+    while True:
+        ar = _argmax(ref(known + path, [])[0][-1])
+        d = len(path)
+        if d == depth:
+            return path, ar, on_spine
+        width = widths[d] if d < len(widths) else 1
+        offered = candidates[d][:width] if on_spine or not spine else []
+        if ar not in offered:
+            return path, ar, on_spine
+        on_spine = on_spine and ar == candidates[d][0]
+        path.append(ar)
+
+
 def self_spec(
     ref: ReferenceModel,
     prompt: list[int],
@@ -271,6 +296,7 @@ def self_spec(
     mask_id,
     canvases="last",
     layouts=None,
+    tree=None,
 ) -> Result:
     """Greedy self-spec. `known` is the prompt and every emitted token; its last token (`pending`) has
     not been verified into the context yet, which only matters to the engine's cache. `canvases="all"`:
@@ -280,30 +306,43 @@ def self_spec(
     `layouts`: an iterator of (drafts n, canvas length L, first canvas row m) per step, the prefill first,
     instead of `draft_len`/`canvases`: a step verifies the first min(n, drafts in hand) drafts, and its
     canvases of L masks follow the clean rows m.. (L = 0: none; no drafts in hand: a cold or causal step),
-    so the drafts after the accepted prefix k exist when L > 0 and k >= m."""
+    so the drafts after the accepted prefix k exist when L > 0 and k >= m.
+
+    `tree` (a `TreeShape`, or a fourth item of a layout): verify a draft tree of that shape, cut to the drafts
+    in hand, over each slot's top candidates of the canvas that drafted them (`_walk_tree`); its drafts for
+    the next step exist as above, and only when every accepted token was its slot's argmax (the canvases
+    follow the argmax chain's rows)."""
     if layouts is None:
         n = draft_len - 1
-        layouts = iter(lambda: (n, n, n if canvases == "last" else 0), None)
+        layouts = iter(lambda: (n, n, n if canvases == "last" else 0, tree), None)
     r = Result()
     answer = _Answer(r, max_tokens, stop_ids)
     # The prefill: the last prompt row gives the first token; a canvas of L + 1 masks at its place drafts
     # the L tokens after it.
-    _, L, _ = next(layouts)
+    _, L, _, *_ = next(layouts)
     clean_logits, canvas_logits = ref(prompt, [], [mask_id] * (L + 1) if L else None)
     r.forwards += 1
     known = list(prompt) + [_argmax(clean_logits[-1])]
     drafts = _argmax(canvas_logits[:L]) if L else None
+    candidates = _candidates(canvas_logits[:L]) if L else None
     if answer.add(known[-1:]):
         return r
     while True:
-        n, L, m = next(layouts)
+        n, L, m, *shape = next(layouts)
+        shape = shape[0] if shape else None
         v = min(n, len(drafts)) if drafts else 0
         r.forwards += 1
+        on_spine = True
         if v == 0:  # cold step (a canvas at the next token's place) or a causal step: the next AR token
             emitted = [_argmax(ref(known, [])[0][-1])]
             k = 0
             if L:
                 r.accepted[0] += 1
+        elif shape is not None:  # a tree: walk it node by node
+            path, last, on_spine = _walk_tree(ref, known, candidates, shape.widths, shape.spine, v)
+            k = len(path)
+            r.accepted[k] += 1
+            emitted = path + [last]
         else:  # verify: AR tokens after `pending` and after each of the first v drafts
             ar = _argmax(ref(known + drafts[:v], [])[0][len(known) - 1 :])
             k = 0
@@ -312,7 +351,10 @@ def self_spec(
             r.accepted[k] += 1
             emitted = drafts[:k] + [ar[k]]
         # The canvas after clean row k (it sees the pending token and the k accepted drafts), if one was there.
-        drafts = _argmax(ref(known + emitted[:-1], [], [mask_id] * L)[1]) if L and k >= min(m, v) else None
+        drafted = L and k >= min(m, v) and on_spine
+        canvas_logits = ref(known + emitted[:-1], [], [mask_id] * L)[1] if drafted else None
+        drafts = _argmax(canvas_logits) if drafted else None
+        candidates = _candidates(canvas_logits) if drafted else None
         if answer.add(emitted):
             return r
         known += emitted

@@ -121,9 +121,9 @@ def test_served_self_spec_drafts_from_noise_and_is_the_base_models_output(noise_
     canvases = []
     real_canvas = Rows.canvas
 
-    def spy(self, tokens, start, view=1):
+    def spy(self, tokens, start, view=1, **where):
         canvases.append(list(tokens))
-        return real_canvas(self, tokens, start, view)
+        return real_canvas(self, tokens, start, view, **where)
 
     monkeypatch.setattr(Rows, "canvas", spy)
     params = SamplingParams(max_tokens=16)

@@ -187,7 +187,7 @@ def test_the_trainer_logs_the_benchmarks_figures(demo_kit, tmp_path):
         assert records[2][key] == pytest.approx(bench[key]), key
     assert records[2]["eval_ar_loss"] == pytest.approx(bench["eval_ar_loss"], rel=1e-4)
     # The checkpoint carries the last figures, the serving engine's prior for its self-spec acceptance.
-    from bdcore.decode.speculation import prior_from_quality
+    from bdcore.decode.acceptance import prior_from_quality
     from bdcore.loading import load_checkpoint
 
     saved = json.loads((run / "final" / "draft_quality.json").read_text())

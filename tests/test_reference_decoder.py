@@ -8,23 +8,20 @@ max_tokens."""
 from collections import Counter
 
 import pytest
-import torch
 
 from bdcore.decode.sampling import SamplingParams
+from bdcore.decode.tree import parse_tree
 from bdcore.loading import load_checkpoint
 from inference.native.engine import DecodeConfig, Engine
 from tests import reference_decoder as ref
 from tests.test_invariant_4_self_spec import _prompts
-from tests.tiny import tiny_checkpoint
+from tests.tiny import agreeable, tiny_checkpoint
 
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
 
 MAX_TOKENS = (24, 7, 24, 13, 24, 5)
-# (arch, clean_causal, within_block_causal, end-of-turn boost, common-token boost). A random model
-# rarely stops or agrees with its own drafts, so two edits make the comparison reach every branch:
-# the end-of-turn token's (tied) embedding row is scaled, so some answers end with it within
-# max_tokens; one ordinary token's row is pushed along the model's mean final hidden state, so it is
-# likely at many rows of both streams and self-spec sees full acceptances as well as rejections.
+# (arch, clean_causal, within_block_causal, end-of-turn boost, common-token boost): `tests.tiny.agreeable`'s
+# two edits, so the comparison reaches every branch (stops within max_tokens, full acceptances and rejections).
 CHECKPOINTS = [
     ("qwen3", True, False, 1.0, 0.0),
     ("qwen3", "unshifted", False, 3.0, 0.0),  # single-stream: shift false, block-causal
@@ -39,10 +36,6 @@ CHECKPOINTS = [
 
 @pytest.fixture(scope="module", params=CHECKPOINTS, ids=lambda c: "-".join(map(str, c[:3])))
 def checkpoint(request, tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from bdcore.tokens import end_of_turn_id
-
     arch, clean_causal, wbc, eot_boost, common_boost = request.param
     shift = clean_causal != "unshifted"
     clean_causal = clean_causal is True
@@ -55,15 +48,7 @@ def checkpoint(request, tmp_path_factory):
         shift=shift,
     )
     tok = load_checkpoint(path).tokenizer
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    with torch.no_grad():
-        rows = model.get_output_embeddings().weight
-        hidden = torch.cat(
-            [model.get_decoder()(input_ids=torch.tensor([p])).last_hidden_state[0] for p in _prompts(tok, 4, seed=1)]
-        ).mean(0)
-        rows[tok.convert_tokens_to_ids("e")] += common_boost * rows.norm(dim=1).mean() * hidden / hidden.norm()
-        rows[end_of_turn_id(tok)] *= eot_boost
-    model.save_pretrained(path)
+    agreeable(path, tok, _prompts(tok, 4, seed=1), eot_boost=eot_boost, common_boost=common_boost)
     loaded = load_checkpoint(path)
     sc = loaded.sidecar
     reference = ref.ReferenceModel(
@@ -85,6 +70,10 @@ def _decodes(loaded):
     if loaded.sidecar.clean_causal:
         decodes += [DecodeConfig(mode="self-spec", draft_len=4), DecodeConfig(mode="self-spec", draft_len=2)]
         decodes += [DecodeConfig(mode="self-spec", draft_len=n, self_spec_canvases="all") for n in (4, 3)]
+        decodes += [  # draft trees (issue 44): a spine, and a full tree with canvases after every spine row
+            DecodeConfig(mode="self-spec", draft_len=4, tree="spine:2,2,2"),
+            DecodeConfig(mode="self-spec", draft_len=4, self_spec_canvases="all", tree="3,2"),
+        ]
     return decodes
 
 
@@ -124,6 +113,7 @@ def _reference(reference, loaded, decode: DecodeConfig, prompt, max_tokens):
         draft_len=decode.draft_len,
         mask_id=loaded.mask_id,
         canvases=decode.self_spec_canvases,
+        tree=parse_tree(decode.tree) if decode.tree != "off" else None,
         **facts,
     )
 

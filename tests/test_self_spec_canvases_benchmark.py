@@ -80,6 +80,16 @@ def test_variants_filter_keeps_causal_first_and_refuses_unknown_names(demo_kit, 
         self_spec_canvases.main([*argv, "--variants", "self-spec last N=9"])
 
 
+def test_draft_tree_variants():
+    got = self_spec_canvases.variants(4, [], ["auto", "spine:2,2"])
+    auto = dict(mode="self-spec", self_spec_canvases="auto", draft_len="auto")
+    assert got["self-spec auto trees"] == auto | {"tree": "auto"}
+    assert got["self-spec all tree=spine:2,2"] == dict(
+        mode="self-spec", self_spec_canvases="all", draft_len=4, tree="spine:2,2"
+    )
+    assert "self-spec last tree=spine:2,2" in got and "self-spec auto" in got
+
+
 def test_the_baseline_is_a_draft_adapters_own_weights_and_otherwise_named(tmp_path):
     from benchmark.base_generate import base_model_dir
     from tests.test_draft_adapter import draft_checkpoint

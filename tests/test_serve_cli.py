@@ -89,8 +89,10 @@ def test_help_lists_modes_and_families():
     out = subprocess.run(
         [sys.executable, "inference/serve.py", "--help"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
-    for name in ("causal", "diffusion", "self-spec", *FAMILIES, "--dry-run", "--log", "--api-key"):
+    for name in ("causal", "diffusion", "self-spec", *FAMILIES, "--dry-run", "--log", "--api-key", "--tree"):
         assert name in out
+    flat = " ".join(out.split())  # argparse wraps the help text
+    assert "spine:W1" in flat and "SGLang and vLLM refuse it" in flat
 
 
 def test_log_tees_the_child_output(tmp_path, capsys):
@@ -137,12 +139,18 @@ def test_native_self_spec_chooses_its_layout_by_default_and_sglang_drafts_fixed(
     monkeypatch.setattr(server, "serve_app", lambda app, **k: True)
     assert serve.main(["m", "--mode", "self-spec", "--backend", "native"]) == 0
     assert (made[-1].draft_len, made[-1].self_spec_canvases) == ("auto", "auto")
+    assert made[-1].tree == "auto", "draft trees are weighed where the layout is chosen"
     assert serve.main(["m", "--mode", "self-spec", "--draft-len", "4", "--self-spec-canvases", "last"]) == 0
-    assert (made[-1].draft_len, made[-1].self_spec_canvases) == (4, "last")
+    assert (made[-1].draft_len, made[-1].self_spec_canvases, made[-1].tree) == (4, "last", "auto")
+    assert serve.main(["m", "--mode", "self-spec", "--draft-len", "4", "--tree", "spine:2,2"]) == 0
+    assert made[-1].tree == "spine:2,2"
     ckpt = tmp_path / "ckpt"
     tiny_checkpoint(ckpt)
     assert serve.main([str(ckpt), "--mode", "self-spec", "--backend", "sglang", "--dry-run"]) == 0
     assert "--dllm-algorithm" in capsys.readouterr().out
+    for backend in ("sglang", "vllm"):  # trees refused by the gate's reason before any command is built
+        with pytest.raises(serve.ServeError, match="--tree 2,2 is a native-engine decode"):
+            serve.main([str(ckpt), "--mode", "self-spec", "--backend", backend, "--tree", "2,2", "--dry-run"])
 
 
 def test_serving_dtype_auto_is_bf16_where_the_cpu_has_native_bf16(monkeypatch):
@@ -250,6 +258,7 @@ def block4(tmp_path_factory):
         (["--mode", "self-spec", "--draft-len", "100"], "--draft-len 100 exceeds the trained block size 4; give at"),
         (["--mode", "causal", "--draft-len", "5"], "block size 4; give at most 4 (the default) (for diffusion mode"),
         (["--mode", "self-spec", "--draft-len", "0"], "--draft-len must be >= 2, got 0; give at least 2"),
+        (["--mode", "self-spec", "--tree", "2,9"], "--tree: tree '2,9': widths lie in 1..4"),
         (["--mode", "diffusion", "--block-size", "0"], "--block-size must be >= 2, got 0; give at least 2"),
         (["--mode", "causal", "--max-tokens", "-1"], "--max-tokens must be >= 1, got -1; give a positive count"),
         (["--mode", "causal", "--max-batch", "0"], "--max-batch must be >= 1, got 0; give a positive count"),

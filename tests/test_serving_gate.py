@@ -158,6 +158,7 @@ def test_defaults_come_from_the_trained_block():
         (DecodeConfig(mode=C, threshold=-1.0), "threshold", "threshold must be a number >= 0"),
         (DecodeConfig(mode=C, draft_len="many"), "draft_len", "draft_len must be an integer >= 2 or 'auto'"),
         (DecodeConfig(mode=C, self_spec_canvases="some"), "self_spec_canvases", "self_spec_canvases must be one of"),
+        (DecodeConfig(mode=C, tree="5,2"), "tree", r"--tree: tree '5,2': widths lie in 1..4 .*; or off, or auto"),
     ],
 )
 def test_settings_are_refused_by_name(settings, setting, says):
@@ -191,5 +192,22 @@ def test_sglang_and_vllm_run_fixed_layouts(backend):
     with pytest.raises(CannotServe, match="draft_len 5 exceeds the trained block size 4"):
         resolve(caps, DecodeConfig(mode=S, draft_len=5), backend)
     assert resolve(caps, DecodeConfig(mode=S, draft_len=3), backend).draft_len == 3
+    # draft trees (issue 44): refused by reason, in the one gate
+    for tree in ("auto", "spine:2,2"):
+        with pytest.raises(CannotServe, match=f"--tree {tree} is a native-engine decode: .* ancestor mask") as refused:
+            resolve(caps, DecodeConfig(mode=S, draft_len=3, tree=tree), backend)
+        assert refused.value.setting == "tree"
+    assert resolve(caps, DecodeConfig(mode=S, draft_len=3, tree="off"), backend).tree == "off"
     # causal mode is their stock engine on the HF weights: none of our settings reach it
     assert resolve(caps, DecodeConfig(mode=C, self_spec_canvases="all", draft_len="auto"), backend).mode == C
+
+
+def test_native_draft_trees_resolve():
+    caps = caps_of("dense")
+    r = resolve(caps, DecodeConfig(mode=S, draft_len="auto", tree="auto"), "native")
+    assert r.tree == "auto" and r.auto_draft().trees == "auto" and r.tree_shape() is None
+    r = resolve(caps, DecodeConfig(mode=S, draft_len=4, tree="spine:2,2"), "native")
+    assert r.auto_draft() is None and r.tree_shape().label == "spine(2,2)"
+    assert resolve(caps, DecodeConfig(mode=C, tree="auto"), "native").tree_shape() is None  # self-spec only
+    fixed = resolve(caps, DecodeConfig(mode=S, draft_len=4, tree="auto"), "native")  # no policy: chains
+    assert fixed.auto_draft() is None and fixed.tree_shape() is None

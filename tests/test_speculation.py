@@ -9,24 +9,22 @@ from collections import Counter
 import pytest
 
 from bdcore.capabilities import Capabilities
-from bdcore.decode.cost import RowCost
-from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.speculation import (
+from bdcore.decode.acceptance import (
     AcceptanceEstimate,
     DraftAcceptance,
     DraftRates,
-    Layout,
-    SpeculationPolicy,
-    cycle,
-    layouts,
     prior_from_quality,
     read_draft_prior,
 )
+from bdcore.decode.cost import RowCost
+from bdcore.decode.sampling import SamplingParams
+from bdcore.decode.speculation import Layout, SpeculationPolicy, cycle, layouts
 from bdcore.loading import load_checkpoint
 from bdcore.sidecar import Sidecar
 from inference.native.engine import DecodeConfig, Engine
 from inference.native.scheduler import Scheduler
 from tests import reference_decoder as ref
+from tests.layout_simulation import simulated_speed
 from tests.test_invariant_4_self_spec import _prompts, ar_law, total_variation
 from tests.tiny import tiny_checkpoint
 
@@ -81,7 +79,9 @@ def test_acceptance_estimate_by_hand():
 
 def test_draft_acceptance_keeps_stale_drafts_apart():
     pooled = DraftAcceptance.from_prior([0.8], strength=2.0)
-    assert pooled.rates(2) == DraftRates([0.8, 0.8], [0.8, 0.8])  # no stale observation: the fresh estimate
+    r = pooled.rates(2)
+    assert (r.fresh, r.stale) == ([0.8, 0.8], [0.8, 0.8])  # no stale observation: the fresh estimate
+    assert r.alternatives == [(0.0,) * 4] * 2  # side candidates: none until seen right
     pooled.observe(2, 0, stale=True)
     pooled.observe(2, 0, stale=True)
     r = pooled.rates(2)
@@ -112,14 +112,16 @@ def test_stale_drafts_follow_their_own_prior_where_they_have_one():
     """A request starts from the pool's stale rates as the prior of its stale drafts (poorer than its fresh
     ones on a real checkpoint); the fresh rates stand in only where no stale prior exists."""
     request = DraftAcceptance(AcceptanceEstimate([0.9, 0.8], 2.0), AcceptanceEstimate([0.3, 0.2], 2.0))
-    assert request.rates(2) == DraftRates([0.9, 0.8], [0.3, 0.2])
+    r = request.rates(2)
+    assert (r.fresh, r.stale) == ([0.9, 0.8], [0.3, 0.2])
     request.observe(2, 1, stale=True)  # stale draft 1 accepted, draft 2 rejected
     assert request.rates(2).stale == pytest.approx([(1 + 2 * 0.3) / 3, (0 + 2 * 0.2) / 3])
     pooled = DraftAcceptance.from_prior([0.8], strength=2.0)
     for _ in range(2):
         pooled.observe(2, 0, stale=True)
     fresh_start = DraftAcceptance.starting_from(pooled, 2, strength=4.0)
-    assert fresh_start.rates(2) == pooled.rates(2) == DraftRates([0.8, 0.8], [1.6 / 4, 0.8])
+    assert fresh_start.rates(2) == pooled.rates(2)
+    assert (pooled.rates(2).fresh, pooled.rates(2).stale) == ([0.8, 0.8], [1.6 / 4, 0.8])
 
 
 def test_prior_from_quality_recovers_a_geometric_chain():
@@ -139,29 +141,6 @@ def test_read_draft_prior(tmp_path):
         read_draft_prior(tmp_path)
 
 
-def _simulated_speed(layout: Layout, rates, cost, steps=20000, seed=0, stale_rates=None) -> float:
-    """Tokens per second of a layout used at every step, by simulation: drafts accepted one by one with
-    probability rates[j] until a rejection, cold steps when no canvas followed the accepted prefix; drafts
-    from a canvas after a rejected draft are accepted with `stale_rates` (default: `rates`)."""
-    rng = random.Random(seed)
-    tokens = seconds = 0.0
-    warm = stale = False
-    for _ in range(steps):
-        if layout.canvas == 0:
-            tokens, seconds = tokens + 1, seconds + cost(1)
-            continue
-        if not warm:
-            tokens, seconds, warm, stale = tokens + 1, seconds + cost(1 + layout.canvas), True, False
-            continue
-        now = stale_rates if stale and stale_rates is not None else rates
-        k = 0
-        while k < layout.drafts and rng.random() < now[k]:
-            k += 1
-        tokens, seconds = tokens + k + 1, seconds + cost(layout.rows)
-        warm, stale = k >= layout.first_canvas, k < layout.drafts
-    return tokens / seconds
-
-
 @pytest.mark.parametrize(
     "rates,points",
     [
@@ -175,7 +154,7 @@ def test_policy_picks_the_fastest_layout_of_an_independent_simulation(rates, poi
     cost = RowCost(points)
     options = layouts(7, "auto", None)
     (picked,) = SpeculationPolicy(cost).choose([rates], [options])
-    speeds = {o: _simulated_speed(o, rates, cost) for o in options}
+    speeds = {o: simulated_speed(o, rates, cost) for o in options}
     best = max(speeds.values())
     assert speeds[picked] >= 0.97 * best, (picked, speeds[picked], max(speeds, key=speeds.get), best)
 
@@ -193,7 +172,7 @@ def test_policy_with_stale_drafts_picks_the_fastest_layout_of_the_simulation(fre
     cost = RowCost(points)
     options = layouts(7, "auto", None)
     (picked,) = SpeculationPolicy(cost).choose([DraftRates(fresh, stale)], [options])
-    speeds = {o: _simulated_speed(o, fresh, cost, stale_rates=stale) for o in options}
+    speeds = {o: simulated_speed(o, fresh, cost, stale_rates=stale) for o in options}
     best = max(speeds.values())
     assert speeds[picked] >= 0.97 * best, (picked, speeds[picked], max(speeds, key=speeds.get), best)
     (blind,) = SpeculationPolicy(cost).choose([fresh], [options])  # one acceptance for both sources
@@ -227,7 +206,7 @@ def test_step_overhead_outside_the_forward_favours_drafting():
     def with_overhead(rows):
         return cost(rows) + 3.0
 
-    speeds = {o: _simulated_speed(o, rates, with_overhead) for o in opts}
+    speeds = {o: simulated_speed(o, rates, with_overhead) for o in opts}
     assert picked.drafts > 0 and speeds[picked] >= 0.97 * max(speeds.values())
 
 

@@ -9,13 +9,19 @@ from dataclasses import dataclass
 
 from bdcore.capabilities import MODES
 from bdcore.decode.speculation import AutoDraft
+from bdcore.decode.tree import parse_tree
+from bdcore.decode.tree_acceptance import TreeShape
 
-__all__ = ["AUTO", "MODES", "SELF_SPEC_CANVASES", "DecodeConfig", "ResolvedDecode"]
+__all__ = ["AUTO", "MODES", "SELF_SPEC_CANVASES", "TREE_OFF", "DecodeConfig", "ResolvedDecode"]
 # Self-spec verify forwards: one drafting canvas after the last clean row ("last": a rejection costs a cold
 # step), one after every clean row ("all": whatever prefix is accepted, its drafts are ready), or chosen each
 # step from the measured forward cost and acceptance ("auto", bdcore/decode/speculation.py).
 SELF_SPEC_CANVASES = ("last", "all", "auto")
-AUTO = "auto"  # draft_len / self_spec_canvases: chosen each step by the engine
+AUTO = "auto"  # draft_len / self_spec_canvases / tree: chosen each step by the engine
+# Self-spec draft trees (greedy requests; sampled ones verify the chain): "off", "auto" (the policy weighs
+# trees beside the chains where it chooses the layout; with a fixed layout, chains) or a shape every verify
+# step uses, "W1,W2,..." or "spine:W1,..." (bdcore/decode/tree.py). Native engine only.
+TREE_OFF = "off"
 
 
 def denoise_budget(block: int, steps: int | None, *, shift: bool = True) -> int:
@@ -36,12 +42,18 @@ class ResolvedDecode:
     fuse_commit: bool
     canvases: str = "last"  # self-spec: SELF_SPEC_CANVASES
     auto_draft_len: bool = False  # self-spec: the engine chooses the draft length each step (0: a causal step)
+    tree: str = TREE_OFF  # self-spec draft trees: "off", "auto" or a shape
 
     def auto_draft(self) -> AutoDraft | None:
         """What the engine's speculation policy chooses for this request; None: fixed settings."""
         if self.mode != "self-spec" or not (self.auto_draft_len or self.canvases == AUTO):
             return None
-        return AutoDraft(self.draft_len - 1, self.canvases, None if self.auto_draft_len else self.draft_len - 1)
+        fixed = None if self.auto_draft_len else self.draft_len - 1
+        return AutoDraft(self.draft_len - 1, self.canvases, fixed, self.tree)
+
+    def tree_shape(self) -> TreeShape | None:
+        """The shape every verify step uses when the settings force one (fixed layouts); None otherwise."""
+        return parse_tree(self.tree) if self.mode == "self-spec" and self.tree not in (TREE_OFF, AUTO) else None
 
 
 @dataclass(frozen=True)
@@ -53,3 +65,4 @@ class DecodeConfig:
     draft_len: int | str | None = None  # self-spec N (default and maximum: bd_size), or "auto" (up to bd_size)
     fuse_commit: bool = True  # diffusion: fuse each commit (the prefill too) with the next block's first denoise
     self_spec_canvases: str = "last"  # self-spec: a drafting canvas after the last clean row, or after every one
+    tree: str = TREE_OFF  # self-spec: verify draft trees ("off", "auto", or a shape: "2,2", "spine:2,2,2")

@@ -19,9 +19,11 @@ from typing import Generic, TypeVar
 
 import torch
 
+from bdcore.decode.acceptance import DraftAcceptance
+from bdcore.decode.config import AUTO
 from bdcore.decode.cost import LIVE_WEIGHT, RowCost
 from bdcore.decode.modes import Decoder, SelfSpecDecoder
-from bdcore.decode.speculation import PROBE_EVERY, AutoDraft, DraftAcceptance, Layout, SpeculationPolicy, layouts
+from bdcore.decode.speculation import PROBE_EVERY, AutoDraft, Layout, SpeculationPolicy, layouts
 
 POOL_CAP = 4096  # observations of draft 1 (per draft source) pooled before old ones are halved away (drift)
 
@@ -48,7 +50,10 @@ class Speculation:
     def attach(self, decoder: SelfSpecDecoder, auto: AutoDraft) -> None:
         """Leave `decoder`'s layouts to this policy, within `auto`."""
         decoder.auto = auto
-        decoder.options = layouts(auto.max_drafts, auto.canvases, auto.fixed_drafts)
+        trees = auto.trees if decoder.seq.params.greedy else "off"  # sampled requests verify chains
+        decoder.options = layouts(auto.max_drafts, auto.canvases, auto.fixed_drafts, trees)
+        decoder.keep_candidates = any(o.tree is not None for o in decoder.options)
+        decoder.chains = [o for o in decoder.options if o.tree is None]  # one list a request (the policy caches)
         decoder.estimate = DraftAcceptance.starting_from(self.pooled, auto.max_drafts, strength=4.0)
 
     def plan(self, auto: list[SelfSpecDecoder], fixed_rows: list[int]) -> None:
@@ -60,13 +65,15 @@ class Speculation:
         if self.causal_run >= PROBE_EVERY:  # re-measure acceptance now and then, or causal is forever:
             self.probe_steps = 2  # a step that drafts, then one that verifies those drafts
         options = []
-        for d in auto:
+        rates = [d.estimate.rates(d.auto.max_drafts) for d in auto]
+        for d, r in zip(auto, rates):
             opts = d.options
+            if d.keep_candidates and d.auto.trees == AUTO and not any(any(slot) for slot in r.alternatives):
+                opts = d.chains  # no side candidate seen right yet: a tree cannot rate above its chain
             if self.probe_steps > 0:
                 opts = [o for o in opts if o.drafts > 0] or opts
             options.append(opts)
         self.probe_steps = max(self.probe_steps - 1, 0)
-        rates = [d.estimate.rates(d.auto.max_drafts) for d in auto]
         self.policy.overhead = self.overhead
         for d, layout in zip(auto, self.policy.choose(rates, options, others=len(fixed_rows), other_rows=other_rows)):
             d.layout = layout
@@ -79,6 +86,8 @@ class Speculation:
         for d in decoders:
             if _auto(d) and d.last_verify is not None:
                 self.pooled.observe(*d.last_verify)
+                if d.last_alternative is not None:
+                    self.pooled.alternatives.observe(*d.last_alternative)
         self.pooled.halve_above(POOL_CAP)
 
 

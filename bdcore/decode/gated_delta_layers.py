@@ -11,7 +11,9 @@ Clean rows are absorbed in chunks (`bdcore.gated_delta.chunk_step`), so a long p
 matrix products per 64 tokens instead of one step per token. A forward that may be rolled back (a
 self-spec verify) steps token by token and keeps the state after each clean row until the next
 forward, so the rollback restores the state after exactly the accepted tokens (snapshot and restore;
-a recurrent state is never truncated). Other forwards keep no per-row snapshots.
+a recurrent state is never truncated). Other forwards keep no per-row snapshots. A draft tree's verify
+(`bdcore.decode.tree`) is such a forward whose rows branch: each row steps from its parent's state and
+convolves its own path's features, so the state kept after the accepted path is that path's alone.
 """
 
 from __future__ import annotations
@@ -51,16 +53,26 @@ class DecodePlan:
     # The canvas rows after the clean rows, in order: (rows, clean rows of this forward it sees). None: one
     # canvas seeing every clean row. Self-spec with a canvas after every clean row needs several.
     canvases: list[tuple[int, int]] | None = None
+    # A draft tree's forward (`bdcore.decode.tree`): each clean row's parent row (-1: the root). Each row's
+    # conv taps and recurrent state continue its parent's, and `steps[r + 1]` is the state after row r's path.
+    parents: list[int] | None = None
 
 
 def roll_back(plan: DecodePlan | None, plan_base: int, length: int, states: dict[int, LayerState]) -> None:
     """Put into `states` each gated-delta layer's state after exactly `length` cached tokens, from the
     snapshots of the last forward (which started at `plan_base` and must have run with rollback)."""
-    j = length - plan_base
-    if plan is None or j < 0 or not plan.rollback:
+    if plan is not None and plan.parents is not None:
+        raise ValueError("a draft tree's forward keeps a path of rows (keep_path), not a length")
+    restore(plan, length - plan_base, states)
+
+
+def restore(plan: DecodePlan | None, step: int, states: dict[int, LayerState]) -> None:
+    """Put into `states` each gated-delta layer's snapshot `step` of the last forward: the state after its
+    first `step` clean rows, or in a tree's forward after row `step - 1`'s path."""
+    if plan is None or step < 0 or not plan.rollback:
         raise ValueError("gated-delta state can only roll back within the last forward, run with rollback=True")
     for layer, steps in plan.steps.items():
-        states[layer] = steps[j]
+        states[layer] = steps[step]
 
 
 def recurrent_step(S, q, k, v, g, beta):
@@ -107,6 +119,22 @@ def _conv(self, seq):
     return F.silu(conv) if self.activation in ("silu", "swish") else getattr(F, self.activation)(conv)
 
 
+def _tree_windows(start: torch.Tensor, rows: torch.Tensor, parents: list[int]) -> list[torch.Tensor]:
+    """Per tree row r, the K pre-conv features of its path ending at r (K - 1 before it, then its own);
+    `start`: the K - 1 committed features before the root."""
+    windows: list[torch.Tensor] = []
+    for r, parent in enumerate(parents):
+        before = start if parent < 0 else windows[parent][1:]
+        windows.append(torch.cat([before, rows[r : r + 1]]))
+    return windows
+
+
+def _conv_windows(self, windows: torch.Tensor) -> torch.Tensor:
+    """The causal conv's output at the last tap of each window [R, K, C] -> [R, C] activated features."""
+    conv = F.conv1d(windows.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)[:, :, -1]
+    return F.silu(conv) if self.activation in ("silu", "swish") else getattr(F, self.activation)(conv)
+
+
 def _decode_rows(self, x, plan: DecodePlan):
     """One request's rows [Q, hidden] through the gated-delta layer -> [Q, hidden]."""
     Q, K = x.shape[0], self.conv_kernel_size
@@ -119,11 +147,22 @@ def _decode_rows(self, x, plan: DecodePlan):
     n, keep = plan.n_clean, plan.keep
     canvases = plan.canvases if plan.canvases is not None else [(Q - n, n)]
     mixed = self.in_proj_qkv(x)
-    seq = torch.cat([st.conv.to(mixed.dtype), mixed[:n]], 0)  # committed features, then the clean rows
-    parts = [_conv(self, seq)]
+    if plan.parents is not None:  # each tree row's conv window: the K - 1 features of its path, then its own
+        windows = _tree_windows(st.conv.to(mixed.dtype), mixed[:n], plan.parents)
+        parts = [_conv_windows(self, torch.stack(windows)) if windows else mixed[:0]]
+
+        def taps_after(s: int) -> torch.Tensor:  # the K - 1 features after s rows of the path (s - 1: its row)
+            return windows[s - 1][1:] if s else st.conv.to(mixed.dtype)
+    else:
+        seq = torch.cat([st.conv.to(mixed.dtype), mixed[:n]], 0)  # committed features, then the clean rows
+        parts = [_conv(self, seq)]
+
+        def taps_after(s: int) -> torch.Tensor:  # the K - 1 features after the first s clean rows
+            return seq[s : s + K - 1]
+
     a = n
     for m, seen in canvases:  # each canvas's taps before it read the clean rows it sees
-        parts.append(_conv(self, torch.cat([seq[seen : seen + K - 1], mixed[a : a + m]], 0)))
+        parts.append(_conv(self, torch.cat([taps_after(seen), mixed[a : a + m]], 0)))
         a += m
     conv = torch.cat(parts)
     q, k, v = torch.split(conv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -136,12 +175,16 @@ def _decode_rows(self, x, plan: DecodePlan):
         raise ValueError(
             "a block-causal commit keeps its whole block and is never rolled back (self-spec needs clean_causal: true)"
         )
+    if plan.parents is not None and not plan.rollback:
+        raise ValueError("a draft tree's forward keeps a path of its rows, so it runs with rollback=True")
     if plan.rollback:  # token by token, remembering every clean row's state for a later rollback
         S, outs, steps = st.rec, [], []
         for t in range(n):
+            parent = plan.parents[t] if plan.parents is not None else t - 1  # a chain's parent: the row before
+            S = steps[parent].rec if parent >= 0 else st.rec
             S, o = recurrent_step(S, q[t], k[t], v[t], g[t], beta[t])
             outs.append(o)
-            steps.append(LayerState(seq[t + 1 : t + K], S))
+            steps.append(LayerState(taps_after(t + 1), S))
         clean = torch.stack(outs) if outs else v.new_zeros(0, *v.shape[1:])
         plan.steps[self.layer_idx] = [st, *steps]
         plan.states[self.layer_idx] = plan.steps[self.layer_idx][keep]

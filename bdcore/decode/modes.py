@@ -13,11 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
+from bdcore.decode.acceptance import DraftAcceptance
 from bdcore.decode.config import ResolvedDecode
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.rules import block_decided, denoise_step, first_stop, greedy_accept, speculative_accept
 from bdcore.decode.sequence import Sequence
-from bdcore.decode.speculation import AutoDraft, DraftAcceptance, Layout, fixed_layout
+from bdcore.decode.speculation import AutoDraft, Layout, fixed_layout
+from bdcore.decode.tree import CANDIDATES, DraftTree, KeptPath, build_tree, cut, top_candidates, verify_greedy
+from bdcore.decode.tree_acceptance import TreeShape
 
 
 @dataclass
@@ -40,14 +43,17 @@ class Decoder:
     def next_forward(self) -> Forward:
         raise NotImplementedError
 
-    def receive(self, logits: torch.Tensor) -> int | None:
-        """Consume this forward's logits [len(rows), V]; return a cache length to crop to, or None."""
+    def receive(self, logits: torch.Tensor) -> int | KeptPath | None:
+        """Consume this forward's logits [len(rows), V]; return a cache length to crop to, the path of a draft
+        tree's rows to keep, or None."""
         raise NotImplementedError
 
     def take(self, logits: torch.Tensor) -> None:
         self.seq.stats.forwards += 1
         crop = self.receive(logits)
-        if crop is not None:
+        if isinstance(crop, KeptPath):
+            self.seq.cache.keep_path(crop.base, crop.rows)
+        elif crop is not None:
             self.seq.cache.crop(crop)
 
 
@@ -188,6 +194,11 @@ class SelfSpecDecoder(Decoder):
       row k already drafted the tokens after the emitted AR token, so every step after the prefill is a
       verify step: no cold steps, N + N(N-1) rows a forward.
 
+    A layout with a `tree` (greedy requests only) verifies a draft tree instead of the chain: each drafted
+    slot's top candidates under the nodes of the depth before (`bdcore.decode.tree`); its canvases follow the
+    spine's rows, so a path that ends on the spine leaves drafts as the chain would, and one that ends on a
+    side branch leaves none (a cold step follows).
+
     A backend that cannot mix causal and canvas rows in one forward (SGLang) splits a step instead: a
     causal step, a `seeded` drafting forward ([pending, MASK x L], `Layout.seeded`), then a verify step
     without a canvas.
@@ -195,14 +206,20 @@ class SelfSpecDecoder(Decoder):
     Any layout, any step, emits the AR head's tokens (greedy acceptance, or rejection sampling against the
     drafts' own distributions): the layout changes speed, never the output."""
 
-    def __init__(self, seq: Sequence, *, draft_len: int, canvases: str = "last"):
+    def __init__(self, seq: Sequence, *, draft_len: int, canvases: str = "last", tree: TreeShape | None = None):
         super().__init__(seq)
         self.N = draft_len
-        self.layout = fixed_layout(draft_len, canvases if canvases != "auto" else "last")
+        tree = tree if seq.params.greedy else None  # sampled requests verify the chain (rejection sampling)
+        self.layout = fixed_layout(draft_len, canvases if canvases != "auto" else "last", tree)
+        self.keep_candidates = tree is not None  # keep each slot's top candidates (a driver may set it too)
+        self.candidates: list[list[int]] | None = None  # per draft in hand, its slot's candidates, best first
+        self.tree: DraftTree | None = None  # the tree of the forward in flight
         self.auto: AutoDraft | None = None  # set with the next three by a driver whose policy picks layouts
         self.options: list[Layout] = []  # the layouts it may pick
+        self.chains: list[Layout] = []  # those without a draft tree
         self.estimate: DraftAcceptance | None = None  # this request's acceptance
         self.last_verify: tuple[int, int, bool] | None = None  # (drafts verified, accepted, were they stale)
+        self.last_alternative: tuple[int, int] | None = None  # (slot whose argmax was rejected, AR token's rank)
         self.stale = False  # the drafts in hand came from a canvas after a rejected draft
         self.c = len(seq.prompt_ids)  # cached tokens; the pending token sits at position c
         self.prefill = True
@@ -225,16 +242,22 @@ class SelfSpecDecoder(Decoder):
             self.step = Layout(0, lay.canvas, 0)
             return Forward(rows, c)
         v = min(lay.drafts, len(self.drafts)) if self.drafts else 0
-        self.step = step = Layout(v, lay.canvas, min(lay.first_canvas, v))
-        rows = Rows().clean([self.pending, *(self.drafts or [])[:v]], c)
+        tree = cut(lay.tree, v) if lay.tree is not None and self.candidates else None
+        self.step = step = Layout(v, lay.canvas, min(lay.first_canvas, v), tree=tree)
+        if tree is not None:  # spine row j is the chain's row j, so the canvases follow the same rows
+            self.tree = t = build_tree(self.pending, tree, self.candidates)
+            rows = Rows().tree(t.tokens, t.parents, t.depths, c)
+        else:
+            rows = Rows().clean([self.pending, *(self.drafts or [])[:v]], c)
         for j in step.canvas_rows():  # the canvas after clean row j, in a view of its own
-            rows.canvas(fill(step.canvas), c + j + 1, view=1 + j - step.first_canvas)
-        return Forward(rows, v + 1, v > 0)
+            after = j if tree is not None else None
+            rows.canvas(fill(step.canvas), c + j + 1, view=1 + j - step.first_canvas, after=after)
+        return Forward(rows, rows.n_clean, v > 0)
 
     def receive(self, logits):
         c, seq, step = self.c, self.seq, self.step
         seq.stats.drafted[step.canvas] += 1
-        crop, self.last_verify = None, None
+        crop, self.last_verify, self.last_alternative = None, None, None
         if step.seeded:  # drafts only: nothing verified, emitted or cached
             self._draft(logits[: step.canvas])
             self.stale = False
@@ -250,34 +273,57 @@ class SelfSpecDecoder(Decoder):
                 seq.stats.accepted[0] += 1
             self.c += 1
         else:  # verify the first `step.drafts` drafts
-            v = step.drafts
-            ar_tokens, p = seq.pick(logits[: v + 1])
-            drafts = torch.tensor(self.drafts[:v])
-            if seq.params.greedy:
-                k = greedy_accept(drafts, ar_tokens.cpu())
-                last = int(ar_tokens[k])
+            v, n_clean = step.drafts, (self.tree.rows if step.tree is not None else step.drafts + 1)
+            ar_tokens, p = seq.pick(logits[:n_clean])
+            if step.tree is not None:
+                verdict = verify_greedy(self.tree, ar_tokens.tolist())
+                k, spine_k, on_spine = verdict.accepted, verdict.spine_accepted, verdict.on_spine
+                seq.stats.tree_verifies += 1
+                seq.stats.off_spine += not on_spine
+                emitted = [self.tree.tokens[r] for r in verdict.path[1:]] + [verdict.last]
+                ar_rows, crop = logits[verdict.path], KeptPath(c, verdict.path)
             else:
-                k, last = speculative_accept(drafts, self.q[:v].cpu(), p.cpu(), seq.generator)
+                drafts = torch.tensor(self.drafts[:v])
+                if seq.params.greedy:
+                    k = greedy_accept(drafts, ar_tokens.cpu())
+                    last = int(ar_tokens[k])
+                else:
+                    k, last = speculative_accept(drafts, self.q[:v].cpu(), p.cpu(), seq.generator)
+                spine_k, on_spine = k, True
+                emitted = self.drafts[:k] + [last]
+                ar_rows, crop = logits[: k + 1], c + 1 + k  # pending + accepted drafts stay cached
             seq.stats.accepted[k] += 1
-            self.last_verify = (v, k, self.stale)
-            if self.estimate is not None:
-                self.estimate.observe(v, k, self.stale)
-            emitted = self.drafts[:k] + [last]
-            ar_rows = logits[: k + 1]
-            crop = self.c = c + 1 + k  # pending + accepted drafts stay cached
-            canvas_at = v + 1 + (k - step.first_canvas) * step.canvas  # the canvas after row k, if any
+            self.last_verify = (v, spine_k, self.stale)  # what the argmax chain alone accepted
+            self._observe(v, spine_k, int(ar_tokens[spine_k]))
+            self.c = c + 1 + k
+            canvas_at = n_clean + (k - step.first_canvas) * step.canvas  # the canvas after row k, if any
+            k = k if on_spine else -1  # a path off the spine has no canvas after it
         if step.canvas and k >= step.first_canvas:
             self._draft(logits[canvas_at : canvas_at + step.canvas])
             self.stale = k < step.drafts  # drafted past the AR head's correction, which it did not see
         else:  # no drafts in hand (nor their distributions, which a sampled request holds on the device)
-            self.drafts, self.q = None, None
+            self.drafts, self.q, self.candidates = None, None, None
         self.finished = seq.out.push(emitted, seq.score(ar_rows, emitted))
         self.pending = emitted[-1]
         return crop
 
+    def _observe(self, verified: int, accepted: int, ar_token: int) -> None:
+        """Feed this request's estimate: the argmax chain accepted `accepted` of `verified` drafts, and where
+        it stopped short, the AR token `ar_token`'s rank among the rejected slot's candidates."""
+        if self.estimate is None:
+            return
+        self.estimate.observe(verified, accepted, self.stale)
+        if self.candidates is not None and accepted < verified:
+            slot = self.candidates[accepted]
+            rank = slot.index(ar_token) if ar_token in slot else CANDIDATES
+            self.last_alternative = (accepted + 1, rank)
+            self.estimate.alternatives.observe(accepted + 1, rank)
+
     def _draft(self, rows_logits) -> None:
         tokens, self.q = self.seq.pick(rows_logits)
         self.drafts = tokens.tolist()
+        if self.keep_candidates and self.seq.params.greedy:
+            self.candidates = top_candidates(rows_logits, self.drafts)
 
 
 class UnshiftedDiffusionDecoder(DiffusionDecoder):
@@ -329,4 +375,4 @@ def make_decoder(decode: ResolvedDecode, seq: Sequence) -> Decoder:
         return DiffusionDecoder(
             seq, block=decode.block, budget=decode.budget, threshold=decode.threshold, fuse_commit=decode.fuse_commit
         )
-    return SelfSpecDecoder(seq, draft_len=decode.draft_len, canvases=decode.canvases)
+    return SelfSpecDecoder(seq, draft_len=decode.draft_len, canvases=decode.canvases, tree=decode.tree_shape())

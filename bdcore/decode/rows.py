@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bdcore.attention_rule import CLEAN_STREAM, TokenMeta, visible
+from bdcore.decode.tree import ancestry
 
 CANVAS_STREAM = 1
 CANVAS_BLOCK = 1
@@ -27,6 +28,10 @@ class Rows:
     pos: list[int] = field(default_factory=list)
     blk: list[int] = field(default_factory=list)
     bstart: list[int] = field(default_factory=list)
+    # A draft tree's forward (`bdcore.decode.tree`): the parent row of each of its first rows, the tree
+    # (-1: the root), and the tree row each canvas row follows; None in every other forward.
+    parents: list[int] | None = None
+    follows: list[int] | None = None
 
     def _add(self, tokens, start, stream, blk, block_start):
         for i, t in enumerate(tokens):
@@ -40,6 +45,16 @@ class Rows:
     def clean(self, tokens: list[int], start: int) -> Rows:
         """Causal clean rows (prompt, AR steps, self-spec verify rows)."""
         return self._add(tokens, start, CLEAN_STREAM, -1, False)
+
+    def tree(self, tokens: list[int], parents: list[int], depths: list[int], start: int) -> Rows:
+        """A draft tree's clean rows, first in the forward: row i at position start + depths[i], seeing the
+        cached tokens and its ancestors only (`decode_mask`), so siblings share positions."""
+        if self.tokens:
+            raise ValueError("a draft tree's rows come first in its forward")
+        for t, d in zip(tokens, depths):
+            self._add([t], start + d, CLEAN_STREAM, -1, False)
+        self.parents, self.follows = list(parents), []
+        return self
 
     def commit(self, tokens: list[int], start: int, *, block_causal: bool) -> Rows:
         """A finished block's clean rows: causal, or block-causal when the checkpoint's clean stream is."""
@@ -61,18 +76,35 @@ class Rows:
         return COMMIT_BLOCK in self.blk[: self.n_clean]
 
     def canvases(self) -> list[tuple[int, int]]:
-        """The canvases after the clean rows, in order: (rows, clean rows of these rows it sees)."""
+        """The canvases after the clean rows, in order: (rows, s), s the clean rows of this forward it sees; in
+        a tree's forward, s - 1 is the tree row it follows (a gated-delta canvas starts from the state after
+        s clean rows, or after that row's path)."""
         n, out = self.n_clean, []
         for i in range(n, len(self.stream)):
             if i == n or self.stream[i] != self.stream[i - 1]:
-                out.append([0, sum(1 for p in self.pos[:n] if p < self.bstart[i])])
+                if self.follows is not None:  # a tree's canvas sees the path through the row it follows
+                    seen = self.follows[i - n] + 1  # (its gated-delta state: the one after that row)
+                else:
+                    seen = sum(1 for p in self.pos[:n] if p < self.bstart[i])
+                out.append([0, seen])
             out[-1][0] += 1
         return [tuple(c) for c in out]
 
-    def canvas(self, tokens: list[int], start: int, view: int = CANVAS_STREAM) -> Rows:
+    def canvas(self, tokens: list[int], start: int, view: int = CANVAS_STREAM, *, after: int | None = None) -> Rows:
         """A noised block: sees the clean context before `start` and its whole canvas. Canvases of one
-        forward in different views (>= 1) never see each other, as the training row's noised views."""
+        forward in different views (>= 1) never see each other, as the training row's noised views. In a
+        tree's forward, `after` is the tree row whose path it continues (the only tree rows it sees)."""
+        if (self.follows is None) != (after is None):
+            raise ValueError("a canvas in a draft tree's forward names the tree row it follows, and only there")
+        if after is not None:
+            self.follows += [after] * len(tokens)
         return self._add(tokens, start, view, CANVAS_BLOCK, True)
+
+    def ancestry(self) -> torch.Tensor | None:
+        """[Q, Q] bool laid over the attention rule among a tree forward's new rows (`bdcore.decode.tree`)."""
+        if self.parents is None:
+            return None
+        return ancestry(self.parents, list(range(len(self.parents))) + self.follows)
 
 
 @dataclass
@@ -106,4 +138,7 @@ def decode_mask(cached: int, rows: Rows, clean_causal: bool, within_block_causal
         clean_causal=clean_causal,
         within_block_causal=within_block_causal,
     )
+    tree = rows.ancestry()
+    if tree is not None:  # a draft tree: each row sees its own path's tree rows only
+        allowed[:, c:] &= tree.to(device)
     return allowed[None, None]

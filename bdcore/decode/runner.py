@@ -123,6 +123,7 @@ class ModelRunner:
                     rows=len(rows.tokens),
                     clean_block_end=rows.block_causal_commit,
                     canvases=rows.canvases(),
+                    parents=rows.parents,
                 )
                 cache.plan, cache.plan_base = plan, c
                 plans.append(plan)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from bdcore.decode.canvas_fill import CanvasFill
-from bdcore.decode.gated_delta_layers import DecodePlan, LayerState, roll_back
+from bdcore.decode.gated_delta_layers import DecodePlan, LayerState, restore, roll_back
 from bdcore.decode.rules import first_stop
 from bdcore.decode.sampling import SamplingParams, pick
 
@@ -31,6 +31,8 @@ class DecodeStats:
     forwards: int = 0
     accepted: Counter = field(default_factory=Counter)  # self-spec: drafts accepted per step (cold: 0)
     drafted: Counter = field(default_factory=Counter)  # self-spec: forwards by tokens they drafted (0: causal)
+    tree_verifies: int = 0  # self-spec: verify steps that checked a draft tree
+    off_spine: int = 0  # of those, the ones whose accepted path took a side candidate (a cold step follows)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -43,6 +45,8 @@ class DecodeStats:
             "tokens_per_forward": self.tokens_per_forward,
             "accepted_histogram": {str(k): v for k, v in sorted(self.accepted.items())},
             "draft_len_histogram": {str(k): v for k, v in sorted(self.drafted.items())},
+            "tree_verifies": self.tree_verifies,
+            "off_spine": self.off_spine,
         }
 
 
@@ -126,6 +130,28 @@ class SequenceCache:
         self.keys = [k[:, :length] for k in self.keys]
         self.values = [v[:, :length] for v in self.values]
 
+    def keep_path(self, base: int, rows: list[int]) -> None:
+        """After a draft tree's verify (which started at cached length `base` and cached every tree row): keep
+        the tokens before `base` and the forward's rows `rows` (the accepted path, root first), dropping the
+        other branches' keys/values. Gated-delta layers restore the state after the path's last row."""
+        if rows == list(range(len(rows))):  # along the argmax chain: a prefix of the rows, as a linear crop
+            if self.plan is not None:
+                restore(self.plan, len(rows), self.states)
+            self.keys = [k[:, : base + len(rows)] for k in self.keys]
+            self.values = [v[:, : base + len(rows)] for v in self.values]
+            return
+        if self.plan is not None:
+            restore(self.plan, rows[-1] + 1, self.states)
+        # The path's rows move down over the dropped branches' in place (gathered first): copying the whole cache
+        # instead would cost more than the step on a long context.
+        end = base + len(rows)
+        index = torch.tensor([base + r for r in rows], device=self.keys[0].device)
+        with torch.inference_mode(self.keys[0].is_inference()):  # the engine's caches are inference tensors
+            for t in (*self.keys, *self.values):
+                t[:, base:end] = t.index_select(1, index)
+        self.keys = [k[:, :end] for k in self.keys]
+        self.values = [v[:, :end] for v in self.values]
+
 
 class EngineOwnedCache:
     """A sequence's cache where the serving engine owns the keys/values (vLLM, SGLang): the decoder only says
@@ -136,6 +162,12 @@ class EngineOwnedCache:
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
+
+    def keep_path(self, base: int, rows: list[int]) -> None:
+        """A draft tree's kept path; the engines that own their KV serve linear verifies only (serving gate)."""
+        if rows != list(range(len(rows))):
+            raise ValueError("an engine-owned cache keeps a prefix of a forward's rows; draft trees are native-only")
+        self.crop(base + len(rows))
 
 
 @dataclass

@@ -18,19 +18,26 @@ step's canvas after the pending token, drafts past a token the model believed in
 row k < drafts, used when draft k+1 was rejected, drafts past the AR head's correction of that draft,
 which it never saw and had implicitly guessed otherwise ("stale"): on the demo checkpoint the cycle
 model rated all canvases 1.3x linear in tokens per forward with one acceptance for both, and the engine
-measured 1.09x. The two are estimated apart, and a cycle is a two-state chain over them.
+measured 1.09x. The two are estimated apart (`bdcore.decode.acceptance`), and a cycle is a two-state chain
+over them.
+
+A layout may also verify a draft tree (`Layout.tree`, `bdcore.decode.tree`): several candidates per
+position in one forward, for greedy requests. Its figures come from `bdcore.decode.tree_policy`, and it is
+one more option beside the layouts above: chosen only where the same rule rates it faster than each of them.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from pathlib import Path
+from functools import cached_property
+
+from bdcore.decode.acceptance import DraftRates
+from bdcore.decode.tree import cut
+from bdcore.decode.tree_acceptance import TreeShape
+from bdcore.decode.tree_policy import TreeWalk, tree_shapes, tree_walk
 
 CANVAS_CHOICES = ("last", "all", "auto")
-DRAFT_QUALITY_NAME = "draft_quality.json"  # in a checkpoint: the trainer's last drafting-metric figures
 PROBE_EVERY = 32  # causal steps before a request drafts again to re-measure its acceptance
 
 
@@ -41,6 +48,7 @@ class AutoDraft:
     max_drafts: int  # N - 1
     canvases: str  # "last" | "all" | "auto"
     fixed_drafts: int | None  # None: the draft length is chosen too
+    trees: str = "off"  # "off", "auto" (weighed beside the chains) or a shape every verify uses (greedy only)
 
 
 @dataclass(frozen=True)
@@ -51,149 +59,36 @@ class Layout:
     `seeded`: a drafting forward of its own instead, for a backend whose forwards are all causal or all
     bidirectional (SGLang): one canvas [pending, MASK x canvas] at the pending token's position, the pending
     token its visible slot 0 as a diffusion block's seed, drafts the `canvas` tokens after it; it verifies
-    and emits nothing, and keeps nothing cached. No policy picks it."""
+    and emits nothing, and keeps nothing cached. No policy picks it.
+
+    `tree`: verify a draft tree of this shape cut to `drafts` depths (`bdcore.decode.tree.cut`: widths past
+    them unused, depths past its widths a chain) instead of the chain of argmax drafts; the canvases follow
+    the spine's rows (`bdcore.decode.tree`). Layouts of one shape cut to several depths share its walk."""
 
     drafts: int
     canvas: int
     first_canvas: int = 0
     seeded: bool = False
+    tree: TreeShape | None = None
 
-    @property
+    @cached_property  # the policy reads it for every option a step
     def rows(self) -> int:
         if self.seeded:
             return 1 + self.canvas
-        return 1 + self.drafts + (self.drafts + 1 - self.first_canvas) * self.canvas if self.canvas else 1 + self.drafts
+        tree = cut(self.tree, self.drafts) if self.tree is not None else None
+        verified = 1 + (tree.nodes if tree is not None else self.drafts)
+        return verified + (self.drafts + 1 - self.first_canvas) * self.canvas if self.canvas else verified
 
     def canvas_rows(self) -> range:
         """The clean rows (0 = the pending token) a canvas follows."""
         return range(self.first_canvas, self.drafts + 1) if self.canvas else range(0)
 
 
-def fixed_layout(draft_len: int, canvases: str) -> Layout:
-    """Today's fixed settings: N - 1 drafts a step, canvases of N - 1 after the last row or after every row."""
+def fixed_layout(draft_len: int, canvases: str, tree: TreeShape | None = None) -> Layout:
+    """The fixed settings: N - 1 drafts a step, canvases of N - 1 after the last row or after every row, the
+    drafts a chain or a tree of shape `tree`."""
     n = draft_len - 1
-    return Layout(n, n, n if canvases == "last" else 0)
-
-
-@dataclass
-class AcceptanceEstimate:
-    """P(draft j accepted | drafts 1..j-1 were), j = 1.., from observed verify steps and a prior.
-
-    `prior[j-1]` is the prior rate of draft j (the last value repeats for later drafts), worth `strength`
-    observations; a rate estimate is (accepted + strength * prior) / (attempted + strength)."""
-
-    prior: list[float]
-    strength: float = 4.0
-    attempted: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
-
-    def observe(self, verified: int, accepted: int) -> None:
-        """A verify step of `verified` drafts accepted the first `accepted`: drafts 1..accepted+1 (at most
-        `verified`) were tried, 1..accepted passed."""
-        tried = min(accepted + 1, verified)
-        if len(self.attempted) < tried:
-            grow = tried - len(self.attempted)
-            self.attempted += [0] * grow
-            self.accepted += [0] * grow
-        for j in range(tried):
-            self.attempted[j] += 1
-            self.accepted[j] += j < accepted
-
-    def prior_rate(self, j: int) -> float:
-        return self.prior[min(j, len(self.prior) - 1)] if self.prior else 0.5
-
-    def rates(self, n: int, prior: list[float] | None = None) -> list[float]:
-        """Draft j's estimate shrinks towards its own prior value where the prior gives one, and beyond the
-        prior's end towards the estimate of draft j-1. A policy that drafts k tokens never observes draft
-        k+1, so a fixed prior there (0.5 without a draft_quality.json) would keep it from ever drafting
-        longer; given j-1 drafts accepted, draft j is at least about as likely as draft j-1 was, and
-        drafting it once corrects the guess. `prior`: use these values instead of `self.prior`."""
-        prior = self.prior if prior is None else prior
-        out = []
-        for j in range(n):
-            tried = self.attempted[j] if j < len(self.attempted) else 0
-            took = self.accepted[j] if j < len(self.accepted) else 0
-            if j < len(prior):
-                base = prior[j]
-            else:
-                base = out[j - 1] if j else 0.5
-            out.append((took + self.strength * base) / (tried + self.strength))
-        return out
-
-
-@dataclass(frozen=True)
-class DraftRates:
-    """Per-draft acceptance of fresh drafts and of stale ones (drafted after a rejected draft)."""
-
-    fresh: list[float]
-    stale: list[float]
-
-    @classmethod
-    def same(cls, rates: list[float]) -> DraftRates:
-        return cls(list(rates), list(rates))
-
-
-@dataclass
-class DraftAcceptance:
-    """A request's (or the engine's pooled) `AcceptanceEstimate`s of fresh and stale drafts. The stale
-    estimate's prior, where it has none of its own, is the fresh estimate: until stale drafts are
-    observed the two sources are assumed alike."""
-
-    fresh: AcceptanceEstimate
-    stale: AcceptanceEstimate
-
-    @classmethod
-    def from_prior(cls, prior: list[float], strength: float) -> DraftAcceptance:
-        return cls(AcceptanceEstimate(list(prior), strength), AcceptanceEstimate([], strength))
-
-    @classmethod
-    def starting_from(cls, pooled: DraftAcceptance, n: int, strength: float) -> DraftAcceptance:
-        """A new request's estimate: the pooled rates as its priors."""
-        r = pooled.rates(n)
-        return cls(AcceptanceEstimate(r.fresh, strength), AcceptanceEstimate(r.stale, strength))
-
-    def observe(self, verified: int, accepted: int, stale: bool) -> None:
-        (self.stale if stale else self.fresh).observe(verified, accepted)
-
-    def rates(self, n: int) -> DraftRates:
-        fresh = self.fresh.rates(n)
-        return DraftRates(fresh, self.stale.rates(n, prior=self.stale.prior or fresh))
-
-    def halve_above(self, cap: int) -> None:
-        """Keep at most about `cap` observations of draft 1 per source, so the estimate follows drift."""
-        for e in (self.fresh, self.stale):
-            if e.attempted and e.attempted[0] > cap:
-                e.attempted = [k // 2 for k in e.attempted]
-                e.accepted = [k // 2 for k in e.accepted]
-
-
-def prior_from_quality(first_accept: float, mean_accepted: float, draft_len: int) -> list[float]:
-    """Per-draft acceptance rates from two drafting-metric figures (`bdcore.decode.draft_quality`): draft
-    1 at `first_accept`, the later ones at the constant rate a with first_accept * (1 + a + ... + a^(N-2))
-    = mean_accepted (solved by bisection), kept within [0.02, 0.98]."""
-    a1 = min(max(first_accept, 0.02), 0.98)
-    n = max(draft_len - 1, 1)
-
-    def mean(a: float) -> float:
-        return a1 * sum(a**i for i in range(n))
-
-    lo, hi = 0.0, 0.98
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if mean(mid) < mean_accepted else (lo, mid)
-    return [a1, min(max(lo, 0.02), 0.98)]
-
-
-def read_draft_prior(checkpoint: str | os.PathLike) -> list[float] | None:
-    """The per-draft acceptance prior a checkpoint's `draft_quality.json` implies, if it has one."""
-    path = Path(checkpoint) / DRAFT_QUALITY_NAME
-    if not path.is_file():
-        return None
-    try:
-        q = json.loads(path.read_text())
-        return prior_from_quality(float(q["draft_first_accept"]), float(q["draft_mean_accepted"]), int(q["draft_len"]))
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: unreadable drafting figures ({e}); delete it or write it again") from e
+    return Layout(n, n, n if canvases == "last" else 0, tree=tree if tree is not None and cut(tree, n) else None)
 
 
 @dataclass(frozen=True)
@@ -214,18 +109,33 @@ class Cycle:
 
 @dataclass(frozen=True)
 class _Chain:
-    """A_j = a_1 ... a_j (A_0 = 1) of one draft source, and the sums A_0 + ... + A_j."""
+    """A_j = a_1 ... a_j (A_0 = 1) of one draft source, and the sums A_0 + ... + A_j; the rates themselves
+    and the side candidates' (`DraftRates.alternatives`), for trees."""
 
     acc: list[float]
     sums: list[float]
+    rates: list[float]
+    alternatives: list[tuple[float, ...]]
+    walks: dict = field(default_factory=dict, compare=False)  # tree shape -> TreeWalk, made when first asked
+
+    def walk(self, shape: TreeShape) -> TreeWalk:
+        """The walk of `shape` over every depth of these rates; shapes that differ only in chain depths at
+        their end (one family shape cut to several depths) share it."""
+        widths = shape.widths
+        while widths and widths[-1] == 1:
+            widths = widths[:-1]
+        key = (widths, shape.spine)
+        if key not in self.walks:
+            self.walks[key] = tree_walk(widths, shape.spine, self.rates, self.alternatives)
+        return self.walks[key]
 
     @classmethod
-    def of(cls, rates: list[float]) -> _Chain:
+    def of(cls, rates: list[float], alternatives: list[tuple[float, ...]] = ()) -> _Chain:
         acc, sums = [1.0], [1.0]
         for a in rates:
             acc.append(acc[-1] * a)
             sums.append(sums[-1] + acc[-1])
-        return cls(acc, sums)
+        return cls(acc, sums, list(rates), list(alternatives))
 
 
 def cycle(layout: Layout, rates: DraftRates | list[float]) -> Cycle:
@@ -239,32 +149,44 @@ def cycle(layout: Layout, rates: DraftRates | list[float]) -> Cycle:
 def _chains(rates: DraftRates | list[float]) -> tuple[_Chain, _Chain]:
     if isinstance(rates, list):
         rates = DraftRates.same(rates)
-    return _Chain.of(rates.fresh), _Chain.of(rates.stale)
+    return _Chain.of(rates.fresh, rates.alternatives), _Chain.of(rates.stale, rates.alternatives)
 
 
 def _cycle(layout: Layout, fresh: _Chain, stale: _Chain) -> Cycle:
     if layout.canvas == 0:
         return Cycle(1.0, 1.0, layout.rows, 1, 0.0)
-    tokens, p_cold = _tokens_and_cold(layout.drafts, layout.first_canvas, fresh, stale)
+    tokens, p_cold = _tokens_and_cold(layout, fresh, stale)
     return Cycle(tokens + p_cold, 1.0 + p_cold, layout.rows, 1 + layout.canvas, p_cold)
 
 
-def _tokens_and_cold(n: int, m: int, fresh: _Chain, stale: _Chain) -> tuple[float, float]:
-    """A verify step of n > 0 drafts with canvases from clean row m on: its expected tokens and chance of a
-    cold step after it, at the chain's stationary mix of fresh and stale drafts. From one source, a step
-    emits 1 + A_1 + ... + A_n tokens, is followed by a cold step when a draft before m is rejected
-    (1 - A_m) and drafts stale ones when one at or after m is (A_m - A_n). No objects: the batch policy
-    evaluates every option of every sequence a step."""
-    fa, sa = fresh.acc, stale.acc
-    to_stale_f, to_stale_s = fa[m] - fa[n], sa[m] - sa[n]
+def _outcome(layout: Layout, source: _Chain) -> tuple[float, float, float]:
+    """A verify step of `layout` with drafts of one source: (expected tokens, P(cold step next), P(stale drafts
+    next)). A chain of n drafts with canvases from clean row m on emits 1 + A_1 + ... + A_n tokens, is
+    followed by a cold step when a draft before m is rejected (1 - A_m) and drafts stale ones when one at or
+    after m is (A_m - A_n). No objects: the batch policy evaluates every option of every sequence a step."""
+    n, m = layout.drafts, layout.first_canvas
+    if layout.tree is not None:
+        return source.walk(layout.tree).outcome(n, m)
+    acc = source.acc
+    return source.sums[n], 1.0 - acc[m], acc[m] - acc[n]
+
+
+def _tokens_and_cold(layout: Layout, fresh: _Chain, stale: _Chain) -> tuple[float, float]:
+    """A verify step of n > 0 drafts: its expected tokens and chance of a cold step after it, at the chain's
+    stationary mix of fresh and stale drafts (a step's next drafts are stale with the chances `_outcome`
+    gives, fresh otherwise, a cold step's included)."""
+    tokens_f, cold_f, to_stale_f = _outcome(layout, fresh)
+    tokens_s, cold_s, to_stale_s = _outcome(layout, stale)
     denominator = 1.0 - to_stale_s + to_stale_f
     p = to_stale_f / denominator if denominator > 0 else 0.0  # stationary P(drafts in hand are stale)
-    return (1 - p) * fresh.sums[n] + p * stale.sums[n], (1 - p) * (1.0 - fa[m]) + p * (1.0 - sa[m])
+    return (1 - p) * tokens_f + p * tokens_s, (1 - p) * cold_f + p * cold_s
 
 
-def layouts(max_drafts: int, canvases: str, fixed: int | None) -> list[Layout]:
+def layouts(max_drafts: int, canvases: str, fixed: int | None, trees: str = "off") -> list[Layout]:
     """The layouts a policy may pick: `fixed` drafts (None: 0 = causal .. max_drafts) and canvases after
-    the last row, after every row, or ("auto") after every row from any first one on."""
+    the last row, after every row, or ("auto") after every row from any first one on. `trees` (greedy
+    requests): "auto" adds the draft trees of `tree_policy.AUTO_SHAPES` with canvases after the last spine row
+    or every one; a shape replaces every chain by that tree, with the chains' canvases."""
     counts = [fixed] if fixed is not None else range(max_drafts + 1)
     out = []
     for n in counts:
@@ -272,7 +194,11 @@ def layouts(max_drafts: int, canvases: str, fixed: int | None) -> list[Layout]:
             out.append(Layout(0, 0, 0))
             continue
         firsts = {"last": [n], "all": [0], "auto": range(n + 1)}[canvases]
-        out += [Layout(n, n, m) for m in firsts]
+        shapes = tree_shapes(n, trees)
+        if trees in ("off", "auto") or not shapes:
+            out += [Layout(n, n, m) for m in firsts]
+        tree_firsts = [m for m in firsts if m in (0, n)] if trees == "auto" else firsts
+        out += [Layout(n, n, m, tree=shape) for shape in shapes for m in tree_firsts]
     return out
 
 
@@ -320,15 +246,15 @@ class SpeculationPolicy:
                 best, best_speed = picks, speed
         return [layout for layout, _, _ in best]
 
-    def _ranked(self, options: list[Layout]) -> list[tuple[int, int, int, int, Layout]]:
-        """`options` as (rows, index, drafts, first canvas, layout) sorted by rows then index, kept while the
+    def _ranked(self, options: list[Layout]) -> list[tuple[int, int, int, Layout]]:
+        """`options` as (rows, index, drafts, layout) sorted by rows then index, kept while the
         list lives: a decoder's options are one list for its whole request."""
         hit = self._rankings.get(id(options))
         if hit is not None and hit[0] is options:
             return hit[1]
         if len(self._rankings) > 256:
             self._rankings.clear()
-        ranked = sorted((o.rows, i, o.drafts if o.canvas else 0, o.first_canvas, o) for i, o in enumerate(options))
+        ranked = sorted((o.rows, i, o.drafts if o.canvas else 0, o) for i, o in enumerate(options))
         self._rankings[id(options)] = (options, ranked)
         return ranked
 
@@ -337,15 +263,15 @@ class _BestWithin:
     """One sequence's options sorted by rows, with the layout of most tokens per forward among those of at
     most each row count (ties: the earlier option), so `within(cap)` is a bisection."""
 
-    def __init__(self, ranked: list[tuple[int, int, int, int, Layout]], chains: tuple[_Chain, _Chain]):
+    def __init__(self, ranked: list[tuple[int, int, int, Layout]], chains: tuple[_Chain, _Chain]):
         fresh, stale = chains
-        self.rows = [rows for rows, _, _, _, _ in ranked]
+        self.rows = [rows for rows, _, _, _ in ranked]
         self.best: list[tuple[Layout, float, int]] = []
         self.changes: list[int] = []  # the row counts at which the best changes
         top_tpf, top_i, top = -1.0, 0, None
-        for rows, i, n, m, o in ranked:
+        for rows, i, n, o in ranked:
             if n:
-                tokens, p_cold = _tokens_and_cold(n, m, fresh, stale)
+                tokens, p_cold = _tokens_and_cold(o, fresh, stale)
                 tpf = (tokens + p_cold) / (1.0 + p_cold)
             else:
                 tpf = 1.0
