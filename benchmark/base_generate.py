@@ -41,9 +41,19 @@ def base_model_dir(checkpoint: Path, base: Path | None) -> Path | None:
     return None
 
 
+def _sampling(params) -> dict:
+    """`generate`'s arguments for our SamplingParams: greedy at temperature 0; else sampling with exactly the
+    request's temperature, top-k and top-p (the model's generation_config defaults, such as top_k=50, do not
+    apply: our modes sample without them)."""
+    if params.temperature == 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
+
+
 def base_generator(model_dir: Path, *, dtype: torch.dtype, device: str, stop_ids, concurrency: int = 1):
-    """A function running a list of prompt-id lists through `generate` on the base model (greedy, the same
-    stop tokens as the engine), returning (`BaseGeneration`s, wall seconds), like the engine's runners."""
+    """A function running a list of prompt-id lists through `generate` on the base model (greedy, or sampled
+    as `params` say, the same stop tokens as the engine), returning (`BaseGeneration`s, wall seconds), like the
+    engine's runners."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
@@ -66,13 +76,15 @@ def base_generator(model_dir: Path, *, dtype: torch.dtype, device: str, stop_ids
             width = max(len(p) for p in group)
             ids = torch.tensor([[pad] * (width - len(p)) + p for p in group], device=device)
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=device)
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
             got = model.generate(
                 input_ids=ids,
                 attention_mask=mask,
                 max_new_tokens=params.max_tokens,
-                do_sample=False,
                 eos_token_id=stops,
                 pad_token_id=pad,
+                **_sampling(params),
             )
             outs += [answer(row[width:].tolist()) for row in got]
         return outs, time.perf_counter() - start

@@ -7,8 +7,9 @@ A record is one JSON object per file, one run of one command:
      "date": "2026-12-05", "source": "where it was recorded", "rows": [{...}, ...], ...optional fields}
 
 `kind` picks the rows' fields (ROW_FIELDS): `speed` (a variant's tok/s at a concurrency, against causal and
-the base model's `generate`), `scaling` (drafting and `auto` speed against training minutes) or
-`diffusion_quality` (accuracy against tokens per forward per setting). A record that breaks the schema is
+the base model's `generate`), `scaling` (drafting and `auto` speed against training minutes),
+`diffusion_quality` (accuracy against tokens per forward per setting) or `mode_quality` (pass@1 and agreement
+with the base model per mode, temperature and task). A record that breaks the schema is
 refused with the file and the field named, so a typo cannot silently drop a figure from the page.
 """
 
@@ -69,11 +70,22 @@ ROW_FIELDS = {
         "tokens_per_forward": ("number", True),
         "threshold": ("number", False),
     },
+    "mode_quality": {  # benchmark/mode_quality.py
+        "variant": ("str", True),  # "base generate", "causal", "self-spec auto", "diffusion t=0.9", ...
+        "task": ("str", True),  # "humaneval", "stdlib"
+        "temperature": ("number", True),
+        "prompts": ("int", True),
+        "tokens_per_forward": ("number", True),
+        "pass_at_1": ("number", False),  # 0..1, where the task has tests
+        "same_as_causal": ("number", False),  # 0..1, temperature 0: equal to our causal mode's answer
+        "agree_exact": ("number", False),  # 0..1, temperature 0: equal to the base model's greedy answer
+        "agree_prefix": ("number", False),  # 0..1, tokens equal up to the first difference, over the longer answer
+    },
 }
 KINDS = tuple(ROW_FIELDS)
 # a speed row must say how fast in at least one of these
 SPEED_FIGURES = ("tok_s", "vs_causal", "vs_base")
-SHARES = ("same_as_causal", "accuracy")
+SHARES = ("same_as_causal", "accuracy", "pass_at_1", "agree_exact", "agree_prefix")
 
 
 class RecordError(ValueError):

@@ -117,7 +117,31 @@ def diffusion_table(record: dict) -> list[str]:
     return _table(["setting", "accuracy", "tokens/forward"], cells)
 
 
-TABLES = {"speed": speed_table, "scaling": scaling_table, "diffusion_quality": diffusion_table}
+def mode_quality_table(record: dict) -> list[str]:
+    header = ["task", "temperature", "variant", "tokens/forward", "pass@1", "same as causal", "agree exact"]
+    header += ["agree prefix"]
+    cells = [
+        [
+            r["task"],
+            f"{r['temperature']:g}",
+            r["variant"],
+            _num(r["tokens_per_forward"], 2),
+            "" if "pass_at_1" not in r else f"{r['pass_at_1']:.1%}",
+            _share(r.get("same_as_causal")),
+            _share(r.get("agree_exact")),
+            "" if "agree_prefix" not in r else f"{r['agree_prefix']:.1%}",
+        ]
+        for r in record["rows"]
+    ]
+    return _table(header, cells)
+
+
+TABLES = {
+    "speed": speed_table,
+    "scaling": scaling_table,
+    "diffusion_quality": diffusion_table,
+    "mode_quality": mode_quality_table,
+}
 
 
 def record_block(record: dict) -> list[str]:
@@ -164,6 +188,14 @@ SECTIONS = [
         "concurrency.png",
         "tok/s against requests in flight, one panel per series of runs that measured more than one "
         "concurrency, one line per variant.",
+    ),
+    (
+        "Answer quality per mode",
+        lambda r: r["kind"] == "mode_quality",
+        "quality.png",
+        "HumanEval pass@1 (left) and agreement with the base model's greedy answers (right: tokens equal up to the "
+        "first difference, temperature 0) against tokens per forward, one point per variant; diffusion's "
+        "thresholds joined by a line. One colour per record (dtype); hollow markers: temperature 1.",
     ),
     (
         "Diffusion: accuracy against tokens per forward",

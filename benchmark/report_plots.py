@@ -161,7 +161,48 @@ def diffusion(records: list[dict], path: Path) -> Path | None:
     return _save(fig, path, data)
 
 
-PLOTS = {"scaling.png": scaling, "concurrency.png": concurrency, "diffusion.png": diffusion}
+def quality(records: list[dict], path: Path) -> Path | None:
+    """pass@1 and agreement with the base against tokens per forward, per variant, from `mode_quality` records."""
+    runs = [r for r in records if r["kind"] == "mode_quality"]
+    if not runs:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=SIZE, squeeze=False)
+    data = []
+    panels = [("pass_at_1", "HumanEval pass@1 (%)", "humaneval"), ("agree_prefix", "agreement with base (%)", None)]
+    for i, record in enumerate(runs):
+        for ax, (field, ylabel, task) in zip(axes[0], panels):
+            for temperature in sorted({r["temperature"] for r in record["rows"]}):
+                rows = [
+                    r
+                    for r in record["rows"]
+                    if r["temperature"] == temperature and field in r and (task is None or r["task"] == task)
+                ]
+                for each in sorted({r["task"] for r in rows}):
+                    points = [(r["tokens_per_forward"], r[field], r["variant"]) for r in rows if r["task"] == each]
+                    data.append(
+                        {"label": _label(record), "field": field, "task": each, "t": temperature, "points": points}
+                    )
+                    face = f"C{i % 10}" if temperature == 0 else "none"
+                    curve = sorted(p for p in points if p[2].startswith("diffusion"))
+                    if curve:
+                        ax.plot([x for x, _, _ in curve], [100 * y for _, y, _ in curve], "-", color=f"C{i % 10}", lw=1)
+                    for x, y, name in points:
+                        ax.plot(x, 100 * y, "o", color=f"C{i % 10}", markerfacecolor=face, markersize=5)
+                        ax.annotate(name, (x, 100 * y), textcoords="offset points", xytext=(3, 3), fontsize=5)
+            ax.set(xlabel="tokens per forward", ylabel=ylabel)
+            ax.grid(alpha=0.3)
+        axes[0][0].plot([], [], "o", color=f"C{i % 10}", label=_label(record))
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    return _save(fig, path, data)
+
+
+PLOTS = {
+    "scaling.png": scaling,
+    "concurrency.png": concurrency,
+    "diffusion.png": diffusion,
+    "quality.png": quality,
+}
 
 
 def draw_all(records: list[dict], folder: Path) -> dict[str, Path]:
