@@ -57,14 +57,15 @@ def load_heldout(path: Path, tokenizer, limit: int) -> Heldout:
     return Heldout(prompts, records, refs)
 
 
-def _code_of(text: str) -> str:
+def code_of(text: str) -> str:
+    """The answer's first ```python block (the prompts ask for the whole function in one), or all of it."""
     block = re.search(r"```(?:python)?\n(.*?)```", text, re.S)
     return block.group(1) if block else text
 
 
 def passes(record: dict, answer: str, timeout: float = 10.0) -> bool:
     """HumanEval's check: the answer's function against the task's tests, in a fresh interpreter."""
-    code = _code_of(answer)
+    code = code_of(answer)
     if f"def {record['entry_point']}" not in code:
         code = record.get("code_prompt", "") + code
     program = f"{code}\n\n{record['test']}\n\ncheck({record['entry_point']})\n"

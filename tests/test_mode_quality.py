@@ -12,7 +12,7 @@ from benchmark.tiny import draft_checkpoint
 
 ADD = {
     "task_id": "Toy/0",
-    "code_prompt": 'def add(a, b):\n    """The sum of a and b."""\n',
+    "code_prompt": 'from operator import add as plus\n\n\ndef add(a, b):\n    """The sum of a and b."""\n',
     "entry_point": "add",
     "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-4, 4) == 0\n",
 }
@@ -32,10 +32,13 @@ def test_the_judge_runs_the_problems_tests():
     right = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."
     wrong = "```python\ndef add(a, b):\n    return a - b\n```"
     endless = "```python\ndef add(a, b):\n    while True:\n        pass\n```"
+    # the answer leans on the stub's import, as HumanEval answers do (`List` from the stub's typing import)
+    from_stub = "```python\ndef add(a, b):\n    return plus(a, b)\n```"
     assert judge.passes(ADD, right)
     assert not judge.passes(ADD, wrong)
     assert not judge.passes(ADD, endless)  # timed out
-    assert len(judge.seen) == 3 and judge.passes(ADD, right)  # each (problem, code) judged once
+    assert judge.passes(ADD, from_stub)  # the stub runs before the answer
+    assert len(judge.seen) == 4 and judge.passes(ADD, right)  # each (problem, code) judged once
 
 
 @pytest.mark.e2e
