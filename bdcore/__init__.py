@@ -11,6 +11,7 @@
 - `tokens.py`: which ids are `<|mask|>`, end-of-turn and the block filler;
 - `scoring.py`: answer scoring, one definition for evaluation and RL rewards;
 - `chat.py`: prompt rendering (chat template, then tokens), one definition for training and serving;
+- `vector_math.py`: MKL's vector math called once in one thread before any forward (an Intel first-call race);
 - `gated_delta.py`: the q/k conventions and chunk math of gated-delta layers (trainer op and engine
   recurrence); `gated_delta_reference.py`: their slow per-token references (tests, benchmark);
 - `decode/`: the decode core: modes, rules, rows, sequences, the runner (see its __init__).

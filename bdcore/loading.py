@@ -27,6 +27,7 @@ from bdcore.draft_adapter_serving import DRAFT_ENERGY, prepare_serving, truncate
 from bdcore.serving_gate import resolve
 from bdcore.sidecar import SIDECAR_NAME, Sidecar, read_sidecar
 from bdcore.tokens import MASK_TOKEN, stop_ids, token_id
+from bdcore.vector_math import settle_vector_math
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -87,6 +88,7 @@ def load_weights(model_id: str | os.PathLike, **kwargs):
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
+    settle_vector_math()  # before the first forward of any process that loads a model (bdcore/vector_math.py)
     try:
         return AutoModelForCausalLM.from_pretrained(model_id, **kwargs)
     except SafetensorError as e:  # its message names no file: find the one its reader refuses

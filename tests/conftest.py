@@ -29,6 +29,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 
+# Tests build models and run forwards outside the loaders that settle MKL's vector math: settle it in every
+# test process first (bdcore/vector_math.py; without it one Intel process in ~20 got a wrong rotary cos).
+from bdcore.vector_math import settle_vector_math  # noqa: E402
+
+settle_vector_math()
+
 
 def _make_kit(out: Path, *extra: str) -> Path:
     cmd = [sys.executable, "-m", "data.make_demo", str(out), "--train", "160", "--eval", "10", "--hidden", "64"]

@@ -15,6 +15,7 @@ from bdcore.checkpoint_files import first_line, missing_tokenizer
 from bdcore.draft_adapter import add_lora, recompute_context
 from bdcore.gated_delta import is_hybrid
 from bdcore.loading import CheckpointError, cpu_has_bf16, load_weights
+from bdcore.vector_math import settle_vector_math
 from train.config import FlagError, JobConfig
 from train.data import DataError, DataStats, load_samples
 from train.loss import liger_available
@@ -155,6 +156,7 @@ def build_model(config: JobConfig, info: DistInfo, tokens: TokenizerParts) -> tu
     Rank 0 reads the weights on CPU; every rank builds a meta model, shards it and receives its shards."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    settle_vector_math()  # before the first forward, also of a model built from a config (bdcore/vector_math.py)
     model_id, remote = config.model.model_id, config.model.trust_remote_code
     efficiency = config.efficiency
     hf_config = AutoConfig.from_pretrained(model_id, trust_remote_code=remote)
