@@ -47,8 +47,10 @@ ROW_FIELDS = {
         "variant": ("str", True),  # "base generate", "causal", "diffusion", "self-spec auto", ...
         "concurrency": ("int", True),
         "run": ("int", False),  # repeated runs of one command, numbered from 1
-        "tok_s": ("number", False),
+        "tok_s": ("number", False),  # total: every request's tokens over the run's wall time
+        "tok_s_per_request": ("number", False),  # per user: the mean over requests of tokens over its latency
         "tokens_per_forward": ("number", False),
+        "acceptance_length": ("number", False),  # self-spec: tokens per draft-verify cycle, the verifier's included
         "vs_causal": ("number", False),  # given where only the ratio was recorded; else tok_s / causal's
         "vs_base": ("number", False),  # likewise, against the base model's `generate`
         "same_as_causal": ("number", False),  # share of outputs identical to causal decoding's, 0..1

@@ -72,8 +72,8 @@ def _table(header: list[str], cells: list[list[str]]) -> list[str]:
 
 def speed_table(record: dict) -> list[str]:
     withdrawn = "speed_withdrawn" in record
-    header = ["run", "variant", "concurrency", "tokens/forward", "tok/s", "vs base generate", "vs causal"]
-    header += ["same as causal", "accuracy"]
+    header = ["run", "variant", "concurrency", "tokens/forward", "acceptance length", "tok/s", "tok/s per user"]
+    header += ["vs base generate", "vs causal", "same as causal", "accuracy"]
     cells = []
     for r in speed_rows(record):
         cells.append(
@@ -82,7 +82,9 @@ def speed_table(record: dict) -> list[str]:
                 r["variant"],
                 str(r["concurrency"]),
                 _num(r.get("tokens_per_forward"), 2),
+                _num(r.get("acceptance_length"), 2),
                 _num(r.get("tok_s"), 1),
+                _num(r.get("tok_s_per_request"), 1),
                 _ratio(r.get("vs_base"), withdrawn),
                 _ratio(r.get("vs_causal"), withdrawn),
                 _share(r.get("same_as_causal")),

@@ -166,6 +166,10 @@ def measure(
             {
                 "variant": name,
                 "tokens_per_forward": generated / forwards,
+                # the field's acceptance length (self-spec only): tokens per draft-verify cycle, verifier's included
+                "acceptance_length": 1 + sum(k * n for k, n in accepted.items()) / sum(accepted.values())
+                if accepted
+                else None,
                 "tok_s": generated / wall[name],
                 "same_as_causal": sum(g.tokens == c for g, c in zip(gens, causal)) / len(gens),
                 "forwards": forwards,

@@ -26,6 +26,16 @@ def test_the_baseline_and_the_in_process_engine_beside_the_server(demo_kit, tmp_
     recorded = {(r["variant"], r["concurrency"]): r for r in load_record(record)["rows"]}
     assert set(recorded) == {(m, c) for m in ("base generate", "causal", "self-spec auto") for c in (1, 2)}
     assert recorded[("self-spec auto", 2)]["vs_base"] == rows[("self-spec", 2)]["vs_base"]
+    for (variant, conc), r in recorded.items():  # the field's figures: acceptance length where drafts are verified,
+        # tok/s per user where each request is timed (batched `generate` times only the whole batch)
+        assert ("acceptance_length" in r) == (variant == "self-spec auto"), (variant, conc)
+        # a cycle commits its accepted drafts and the verifier's token; the prefill's forward commits one token
+        assert r["tokens_per_forward"] <= r.get("acceptance_length", 1) + 1e-9
+        if variant != "base generate":
+            mode = "self-spec" if variant == "self-spec auto" else variant
+            assert r["tok_s_per_request"] == rows[(mode, conc)]["tok_s_per_request"] > 0
+        else:
+            assert "tok_s_per_request" not in r
     assert set(rows) == {(m, c) for m in ("base generate", "causal", "self-spec") for c in (1, 2)}
     for (mode, conc), r in rows.items():
         # the draft adapter's weights are the base's: causal and self-spec decode the baseline's tokens

@@ -196,6 +196,10 @@ def test_self_spec_draft_len_and_accepted_histograms(server, stream):
     steps = {int(k): v for k, v in d.by_label("bdstack_self_spec_steps_total", "accepted").items() if v}
     assert sum(steps.values()) == d("bdstack_self_spec_accepted_drafts_count") == usage["forwards"] - 1
     assert d("bdstack_self_spec_accepted_drafts_sum") == sum(k * v for k, v in steps.items())
+    # the reply's usage says the same cycles: the field's acceptance length counts the verifier's token
+    assert usage["verify_steps"] == sum(steps.values())
+    assert usage["accepted_drafts"] == sum(k * v for k, v in steps.items())
+    assert usage["acceptance_length"] == round(1 + usage["accepted_drafts"] / usage["verify_steps"], 4)
     for le, cumulative in d.buckets("bdstack_self_spec_accepted_drafts"):
         assert cumulative == sum(v for k, v in steps.items() if k <= le)
 

@@ -43,6 +43,14 @@ def test_variants_side_by_side_are_lossless(demo_kit, tmp_path, capsys, monkeypa
     for n in (2, 3):
         assert set(rows[f"self-spec last N={n}"]["drafted"]) == {str(n - 1)}
         assert rows[f"self-spec all N={n}"]["drafted"] == {str(n - 1): rows[f"self-spec all N={n}"]["forwards"]}
+    # A fixed all-canvases N drafts at every forward after the prefill: each is one draft-verify cycle, which
+    # commits its accepted drafts and the verifier's token (the acceptance length), the prefill one token.
+    for n in (2, 3):
+        r = rows[f"self-spec all N={n}"]
+        cycles = sum(r["accepted"].values())
+        tokens = round(r["tokens_per_forward"] * r["forwards"])
+        assert (r["forwards"] - cycles) + cycles * r["acceptance_length"] == pytest.approx(tokens)
+    assert "acceptance_length" not in next(x for x in recorded["rows"] if x["variant"] == "causal")
     for r in rows.values():  # the rounds' tokens add up to the row's (tokens per forward x forwards)
         assert sum(t for t, _ in r["per_round"]) == round(r["tokens_per_forward"] * r["forwards"])
         assert len(r["per_round"]) == (4 if concurrency == 1 else 2)

@@ -67,6 +67,8 @@ def test_chat_in_every_mode_reports_tokens_per_forward(server, client, mode):
     assert r.choices[0].finish_reason in ("stop", "length")
     assert u["forwards"] == len(calls) >= 1
     assert u["tokens_per_forward"] == pytest.approx(r.usage.completion_tokens / len(calls), abs=1e-4)
+    # draft-verify cycles only where drafts are verified: every self-spec forward after the prefill
+    assert u.get("verify_steps", 0) == (len(calls) - 1 if mode == "self-spec" else 0)
     if mode == "causal":  # this prompt runs to max_tokens; causal is one forward per token, prefill included
         assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 12 == len(calls)
 

@@ -38,6 +38,23 @@ class DecodeStats:
     def tokens_per_forward(self) -> float:
         return self.generated / self.forwards if self.forwards else 0.0
 
+    @property
+    def verify_steps(self) -> int:
+        """Self-spec's draft-verify cycles: the forwards that verified drafts, and the cold ones that drafted
+        after a plain AR token (0 drafts accepted)."""
+        return sum(self.accepted.values())
+
+    @property
+    def accepted_drafts(self) -> int:
+        return sum(k * n for k, n in self.accepted.items())
+
+    @property
+    def acceptance_length(self) -> float:
+        """The field's acceptance length (EAGLE's tau, SGLang's accept length): tokens committed per draft-verify
+        cycle, the verifier's own token included, so 1.0 means no draft ever accepted; 0.0 without cycles."""
+        steps = self.verify_steps
+        return 1 + self.accepted_drafts / steps if steps else 0.0
+
     def to_dict(self) -> dict:
         return {
             "generated_tokens": self.generated,
@@ -45,6 +62,8 @@ class DecodeStats:
             "tokens_per_forward": self.tokens_per_forward,
             "accepted_histogram": {str(k): v for k, v in sorted(self.accepted.items())},
             "draft_len_histogram": {str(k): v for k, v in sorted(self.drafted.items())},
+            "verify_steps": self.verify_steps,
+            "acceptance_length": self.acceptance_length,
             "tree_verifies": self.tree_verifies,
             "off_spine": self.off_spine,
         }

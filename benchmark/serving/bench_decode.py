@@ -75,6 +75,8 @@ class Reply:
     tokens: int
     forwards: int
     seconds: float
+    verify_steps: int = 0  # self-spec's draft-verify cycles and the drafts they accepted (the server's usage)
+    accepted_drafts: int = 0
 
 
 def server_runner(client, model, mode: str, concurrency: int, max_tokens: int):
@@ -88,8 +90,10 @@ def server_runner(client, model, mode: str, concurrency: int, max_tokens: int):
             model=model, messages=msgs, max_tokens=max_tokens, temperature=0.0, extra_body={"mode": mode}
         )
         extra = r.usage.model_extra or {}
+        seconds = time.perf_counter() - t0
+        steps, accepted = extra.get("verify_steps", 0), extra.get("accepted_drafts", 0)
         return Reply(
-            r.choices[0].message.content, r.usage.completion_tokens, extra.get("forwards", 0), time.perf_counter() - t0
+            r.choices[0].message.content, r.usage.completion_tokens, extra.get("forwards", 0), seconds, steps, accepted
         )
 
     def run(items):
@@ -104,6 +108,7 @@ def server_runner(client, model, mode: str, concurrency: int, max_tokens: int):
 def summarize(mode: str, label: str, concurrency: int, replies: list[Reply], wall: float, refs: list) -> dict:
     """A table row from one variant's replies over all rounds."""
     tokens, forwards = sum(r.tokens for r in replies), sum(r.forwards for r in replies)
+    steps = sum(r.verify_steps for r in replies)
     acc = (
         sum(r.text.strip() == ref for r, ref in zip(replies, refs)) / len(refs)
         if all(ref is not None for ref in refs)
@@ -119,6 +124,8 @@ def summarize(mode: str, label: str, concurrency: int, replies: list[Reply], wal
         "accuracy": acc,
         "texts": [r.text for r in replies],
         "tokens_per_forward": tokens / forwards if forwards else float("nan"),
+        # the field's acceptance length: tokens per draft-verify cycle, the verifier's token included
+        "acceptance_length": 1 + sum(r.accepted_drafts for r in replies) / steps if steps else float("nan"),
         "tok_s": tokens / wall,
         "tok_s_per_request": statistics.mean(r.tokens / r.seconds for r in replies) if timed else float("nan"),
         "p50": statistics.median(lat) if timed else float("nan"),
@@ -194,7 +201,12 @@ def _in_process(args):
 
         def run(items):
             gens, wall = gen([chat_ids(tok, msgs) for msgs, _ in items], params)
-            return [Reply("", g.stats.generated, g.stats.forwards, float("nan")) for g in gens], wall
+            return [
+                Reply(
+                    "", g.stats.generated, g.stats.forwards, float("nan"), g.stats.verify_steps, g.stats.accepted_drafts
+                )
+                for g in gens
+            ], wall
 
         run(warm_up)  # warm-up, not timed
         return run
@@ -321,6 +333,10 @@ def _spread(ratios: list[float] | None) -> str:
     return f"{min(ratios):.2f}-{max(ratios):.2f}x" if ratios else "-"
 
 
+def _num(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.2f}"
+
+
 def table(rows: list[dict], args, requests: int, has_baseline: bool) -> str:
     """The printed tables: every mode against the base model's `generate` and our causal mode, the range of the
     ratio to causal over the rounds, and, with --in-process, the server against the engine here."""
@@ -331,14 +347,15 @@ def table(rows: list[dict], args, requests: int, has_baseline: bool) -> str:
     if not has_baseline:
         lines.append("(no base-model baseline: give --base, the model this checkpoint was converted from)")
     lines += [
-        "| mode | conc | accuracy | same as causal | tokens/forward | tok/s | tok/s vs base generate | "
-        "tok/s vs causal | vs causal, rounds min-max | tok/s per request | p50 s | p90 s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | conc | accuracy | same as causal | tokens/forward | acceptance length | tok/s | tok/s vs base "
+        "generate | tok/s vs causal | vs causal, rounds min-max | tok/s per request | p50 s | p90 s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['variant']} | {r['concurrency']} | {r['accuracy']:.1%} | {r['same_as_causal']:.0%} | "
-            f"{r['tokens_per_forward']:.2f} | {r['tok_s']:.1f} | {r['vs_base']:.2f}x | {r['speedup']:.2f}x | "
+            f"{r['tokens_per_forward']:.2f} | {_num(r['acceptance_length'])} | {r['tok_s']:.1f} | "
+            f"{r['vs_base']:.2f}x | {r['speedup']:.2f}x | "
             f"{_spread(r.get('vs_causal_by_round'))} | {r['tok_s_per_request']:.1f} | {r['p50']:.3f} | {r['p90']:.3f} |"
         )
     if any("in_process_tok_s" in r for r in rows):

@@ -100,13 +100,20 @@ def answer_logprobs(kind: str, entries, tokenizer) -> dict:
 
 
 def usage(prompt_tokens: int, stats) -> dict:
-    return {
+    """OpenAI's usage, plus tokens per forward (every forward); a self-spec reply adds its draft-verify cycles,
+    the drafts they accepted and the acceptance length (docs/serving.md)."""
+    out = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": stats.generated,
         "total_tokens": prompt_tokens + stats.generated,
         "forwards": stats.forwards,
         "tokens_per_forward": round(stats.tokens_per_forward, 4),
     }
+    if stats.verify_steps:
+        out["verify_steps"] = stats.verify_steps
+        out["accepted_drafts"] = stats.accepted_drafts
+        out["acceptance_length"] = round(stats.acceptance_length, 4)
+    return out
 
 
 def new_id(prefix: str) -> str:
