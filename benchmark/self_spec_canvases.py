@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -60,6 +61,12 @@ def variants(draft_len: int | None, draft_lens: list[int], trees: list[str] = ()
             fixed = dict(mode="self-spec", self_spec_canvases=canvases, draft_len=draft_len, tree=tree)
             out[f"self-spec {canvases} tree={tree}"] = fixed
     return out
+
+
+def variant_names(text: str) -> list[str]:
+    """A comma list of variant names; a tree shape's own commas ('self-spec last tree=2,2') stay in its name, as
+    every name starts with one of the variants' first words."""
+    return [x.strip() for x in re.split(r",\s*(?=self-spec |causal|base generate)", text) if x.strip()]
 
 
 def _generator(engine, concurrency: int):
@@ -269,10 +276,10 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight (batched scheduler; default 1)")
     p.add_argument(
         "--variants",
-        type=lambda t: [x.strip() for x in t.split(",") if x.strip()],
+        type=variant_names,
         default=[],
         help="only these variants (comma list of names as the table prints them, e.g. 'self-spec auto,self-spec "
-        "last N=3'); causal always runs (default: all)",
+        "last N=3,self-spec last tree=2,2'); causal always runs (default: all)",
     )
     p.add_argument(
         "--dtype",

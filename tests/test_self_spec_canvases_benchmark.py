@@ -86,6 +86,14 @@ def test_variants_filter_keeps_causal_first_and_refuses_unknown_names(demo_kit, 
     assert rows == ["causal", "self-spec auto", "self-spec last N=2"]  # a full conversion without --base: none
     with pytest.raises(SystemExit, match="unknown"):
         self_spec_canvases.main([*argv, "--variants", "self-spec last N=9"])
+    # a tree shape's commas belong to its name
+    names = "self-spec last tree=2,2, self-spec auto,self-spec all tree=spine:2,2,2,causal"
+    assert self_spec_canvases.variant_names(names) == [
+        "self-spec last tree=2,2",
+        "self-spec auto",
+        "self-spec all tree=spine:2,2,2",
+        "causal",
+    ]
 
 
 def test_draft_tree_variants():
