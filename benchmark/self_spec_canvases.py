@@ -349,7 +349,11 @@ def main(argv=None) -> int:
 
         rows = [dict(r, concurrency=args.concurrency) for r in rows]
         title = f"{args.checkpoint}: self-spec layouts at concurrency {args.concurrency}, in process"
-        about = dict(model=args.checkpoint, dtype=dtype, series=f"{args.checkpoint}, {dtype}, in process")
+        about = dict(
+            model=args.checkpoint,
+            dtype=dtype,
+            series=f"{args.checkpoint}, {dtype}, in process, {record.this_machine()}",
+        )
         source = "written by benchmark.self_spec_canvases --record"
         made = record.make("speed", rows, title=title, command=command, source=source, **about)
         record.write(args.record, made)

@@ -385,7 +385,8 @@ def write_record(args, argv, rows: list[dict]) -> None:
         source="written by benchmark.serving.bench_decode --record",
         model=where,
         dtype=dtype,
-        series=f"{where}, {dtype}, through the server",
+        # one plot panel per checkpoint, dtype, prompt set and machine: runs elsewhere are not one curve
+        series=f"{where}, {dtype}, {Path(args.prompts).name}, through the server, {record.this_machine()}",
         notes=f"{args.num} prompts x {args.repeat} from {args.prompts}, up to {args.max_tokens} tokens, greedy, "
         f"{args.rounds} interleaved rounds at most.",
     )
