@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from benchmark.report import BASELINE, CAUSAL, speed_rows  # noqa: E402
 
-SIZE = (11.0, 4.8)  # inches; at DPI 100 every plot is 1100 x 480 pixels
+SIZE = (11.0, 4.8)  # inches; at DPI 100 a plot is 1100 x 480 pixels (the concurrency panels: 384 per row)
 DPI = 100
 DIGEST_PREFIX = "bdstack plotted data sha256 "
 
@@ -108,13 +108,18 @@ def concurrency(records: list[dict], path: Path) -> Path | None:
     wide = {name: rs for name, rs in series.items() if len({row["concurrency"] for r in rs for row in r["rows"]}) > 1}
     if not wide:
         return None
-    fig, axes = plt.subplots(1, len(wide), figsize=SIZE, squeeze=False)
+    # two panels a row at most, so that each series' title (checkpoint, dtype, prompts, machine) stays legible
+    cols = min(2, len(wide))
+    rows = -(-len(wide) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(SIZE[0], SIZE[1] * rows * 0.8), squeeze=False)
     data = []
     names = sorted({row["variant"] for rs in wide.values() for r in rs for row in r["rows"]})
     order_all = sorted(names, key=lambda v: (v not in (BASELINE, CAUSAL), v))
     palette = plt.get_cmap("tab20").colors  # 20 colours: a sweep of fixed settings has more variants than 10
     colour = {v: palette[(2 * i) % 20 + (2 * i) // 20 % 2] for i, v in enumerate(order_all)}  # one per variant
-    for ax, (name, group) in zip(axes[0], sorted(wide.items())):
+    for ax in axes.flat[len(wide) :]:
+        ax.set_visible(False)
+    for ax, (name, group) in zip(axes.flat, sorted(wide.items())):
         lines: dict[str, list[tuple[int, float]]] = {}
         for record in group:
             for row in speed_rows(record):
@@ -131,7 +136,7 @@ def concurrency(records: list[dict], path: Path) -> Path | None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.set(xlabel="requests in flight", ylabel="tok/s (all requests)")
-        title = textwrap.fill(name, 48) + ("\n(ratios to causal withdrawn: see the tables)" if withdrawn else "")
+        title = textwrap.fill(name, 60) + ("\n(ratios to causal withdrawn: see the tables)" if withdrawn else "")
         ax.set_title(title, fontsize=8)
         ax.legend(fontsize=6)
         ax.grid(alpha=0.3)
