@@ -160,6 +160,8 @@ def measure(
         concurrency=concurrency,
         tokens=lambda g: g.stats.generated,
     )
+    from bdcore.decode.sequence import DecodeStats
+
     names, outs, wall, per_round = list(run), got.outputs, got.seconds, got.per_round  # the baseline first
     rows = []
     for name in names:
@@ -173,10 +175,8 @@ def measure(
             {
                 "variant": name,
                 "tokens_per_forward": generated / forwards,
-                # the field's acceptance length (self-spec only): tokens per draft-verify cycle, verifier's included
-                "acceptance_length": 1 + sum(k * n for k, n in accepted.items()) / sum(accepted.values())
-                if accepted
-                else None,
+                # the field's acceptance length (self-spec only), by its one definition
+                "acceptance_length": DecodeStats(accepted=accepted).acceptance_length or None,
                 "tok_s": generated / wall[name],
                 "same_as_causal": sum(g.tokens == c for g, c in zip(gens, causal)) / len(gens),
                 "forwards": forwards,
