@@ -7,15 +7,15 @@ So a served projection:
 - runs its base weight with `F.linear` itself (no wrapper module call);
 - keeps the factors of a 16-bit model in fp32 (a CPU's bf16 matmul pays ~15 us a call at a few rows, fp32
   ~3; drafts only, the served tokens stay the base model's);
-- keeps B as (scaling * B)^T, contiguous, so one `mm` and one in-place add over the slice of drafting rows
-  finish it;
+- keeps B as (scaling * B)^T, contiguous, so one `mm` and one in-place add over the drafting rows finish it
+  (a slice where they are one run; gathered and put back where a batch scatters them);
 - shares one A product with the projections that read the same input (`_InputGroup`: q/k/v, gate/up);
 - drafts with the adapter cut to the singular directions that carry 99% of each term's energy
   (`truncate_adapter`, `DRAFT_ENERGY`): trained terms are far from full rank, and a CPU pays for bytes.
 
 The rows and their meaning are `bdcore.draft_adapter`'s (`DraftGate.plan`): non-drafting rows are the base
-projection's output bit for bit, drafting rows peft's LoRA to rounding. Anything this path does not cover
-(gradients, drafting rows that are not one run) goes through the adapter's general forward.
+projection's output bit for bit, drafting rows peft's LoRA to rounding. Forwards with gradients go through
+the adapter's general forward (`_gated_lora_forward` sends them there).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bdcore.draft_adapter import ADAPTER_NAME, SERVED_ATTR, draft_gate, draft_rows, general_forward
+from bdcore.draft_adapter import ADAPTER_NAME, SERVED_ATTR, draft_gate, draft_rows
 
 # The share of each LoRA term's energy a served draft adapter keeps (`truncate_adapter`). SmolLM2-135M's
 # 30-minute adapter: 0.99 keeps 13.8 of 32 directions on average, drafts 1.556 tokens per forward on the
@@ -34,17 +34,22 @@ DRAFT_ENERGY = 0.99
 class _InputGroup:
     """The adapted projections that read the same input (q/k/v, gate/up; `_shared_inputs`): their A factors
     side by side, so that a drafting forward computes one low-rank product for them all. The product is reused
-    only for the very tensor it was computed from (inference tensors keep no version counter; a layer's input
-    is not written between its projections): a member handed another input computes it afresh."""
+    only for the very tensor and drafting rows it was computed from (inference tensors keep no version
+    counter; a layer's input is not written between its projections; the gate's plan hands every projection
+    of a forward the same rows object): a member handed another input computes it afresh."""
 
     def __init__(self, a: torch.Tensor):
         self.a = a  # [in, sum of ranks]
-        self._x, self._run, self._h = None, None, None
+        self._x, self._where, self._h = None, None, None
 
-    def product(self, x: torch.Tensor, run: slice) -> torch.Tensor:
-        if self._x is not x or self._run != run:
-            self._h = torch.mm(x.view(-1, x.shape[-1])[run].to(self.a.dtype), self.a)
-            self._x, self._run = x, run  # holding x: no other tensor can take its identity meanwhile
+    def product(self, x: torch.Tensor, where: slice | torch.Tensor) -> torch.Tensor:
+        """The A product at the drafting rows `where` of x's flattened rows: one run (a slice) or scattered
+        (flat indices: a batch's sequences each draft after their own clean rows)."""
+        if self._x is not x or self._where is not where:
+            flat = x.reshape(-1, x.shape[-1])
+            picked = flat[where] if isinstance(where, slice) else flat.index_select(0, where)
+            self._h = torch.mm(picked.to(self.a.dtype), self.a)
+            self._x, self._where = x, where  # holding x: no other tensor can take its identity meanwhile
         return self._h
 
 
@@ -60,10 +65,17 @@ class _ServedProjection:
         kind, index, run = draft_gate(module).plan(x.shape)
         if kind == "none":
             return result
-        if run is None or not x.is_contiguous():  # a batch's scattered drafting rows: the general path
-            return general_forward(module, x)
-        rows = result.view(-1, result.shape[-1])[run]
-        rows.add_(torch.mm(self.group.product(x, run)[:, self.columns], self.b))
+        delta = torch.mm(self.group.product(x, run if run is not None else index)[:, self.columns], self.b)
+        flat = result.view(-1, result.shape[-1])
+        if run is not None:  # one run of rows: added in place, no gather and no scatter
+            flat[run].add_(delta)
+            return result
+        # A batch's scattered drafting rows (each sequence's canvases follow its own clean rows): gathered,
+        # added to in the result's dtype as the run is, put back. Session 47 measured the general path here
+        # (the full LoRA in the model's dtype, an out-of-place scatter) at 2x a batch of 2's forward.
+        rows = flat.index_select(0, index)
+        rows.add_(delta)
+        flat.index_copy_(0, index, rows)
         return result
 
 

@@ -6,7 +6,8 @@ For each dtype the checkpoint is loaded and `bdcore.decode.cost.calibrate` times
 rows over a cached context (median of `--repeats` after a warm-up; the engine's own start-up measurement,
 not read from the cache). The table gives seconds per forward by rows, each dtype's ratio to the first one
 at that row count, and each curve's cost relative to its own 1-row forward (how much a row costs: the slope
-that decides how much self-spec can draft for free).
+that decides how much self-spec can draft for free). `--batch B` times forwards of B sequences, each of
+those rows (the curve the policy reads with B requests in flight; up to B x rows = the largest size).
 
 `--against BASE` measures the base model the checkpoint was converted from the same way, alternating
 checkpoint and base `--alternations` times (each size's fastest median kept, so a burst of load on the
@@ -23,7 +24,9 @@ import sys
 from pathlib import Path
 
 
-def measure(checkpoint: str, dtypes: list[str], *, context: int, repeats: int, sizes) -> dict[str, dict[int, float]]:
+def measure(
+    checkpoint: str, dtypes: list[str], *, context: int, repeats: int, sizes, batch: int = 1
+) -> dict[str, dict[int, float]]:
     from bdcore.decode.cost import calibrate
     from bdcore.decode.runner import ModelRunner
     from bdcore.loading import load_checkpoint
@@ -32,7 +35,8 @@ def measure(checkpoint: str, dtypes: list[str], *, context: int, repeats: int, s
     for dtype in dtypes:
         loaded = load_checkpoint(checkpoint, dtype=dtype)
         runner = ModelRunner.for_checkpoint(loaded.model, loaded.capabilities)
-        curves[dtype] = calibrate(runner, sizes=sizes, context=context, repeats=repeats).points
+        cost = calibrate(runner, sizes=sizes, batches=(batch,), context=context, repeats=repeats)
+        curves[dtype] = cost.points[batch]
         del loaded, runner
     return curves
 
@@ -76,6 +80,12 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (default fp32,bf16)")
     p.add_argument("--sizes", default="1,2,4,8,16,32,64,128,256", help="row counts (default 1,2,...,256)")
     p.add_argument("--context", type=int, default=128, help="cached tokens the forwards attend to (default 128)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="sequences in each forward, each of --sizes rows up to batch x rows = the largest (default 1)",
+    )
     p.add_argument("--repeats", type=int, default=5, help="timed forwards per row count (default 5)")
     p.add_argument("--against", default=None, help="a base model directory to measure side by side (see above)")
     p.add_argument("--alternations", type=int, default=2, help="checkpoint/base alternations with --against")
@@ -87,7 +97,9 @@ def main(argv=None) -> int:
     sizes = tuple(int(x) for x in args.sizes.split(",") if x)
     if args.alternations < 1:
         p.error(f"--alternations {args.alternations}: give at least 1")
-    kw = dict(context=args.context, repeats=args.repeats, sizes=sizes)
+    if args.batch < 1:
+        p.error(f"--batch {args.batch}: give at least 1")
+    kw = dict(context=args.context, repeats=args.repeats, sizes=sizes, batch=args.batch)
     if args.against is None:
         curves, base = measure(args.checkpoint, dtypes, **kw), None
     else:

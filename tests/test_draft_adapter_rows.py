@@ -141,12 +141,14 @@ def test_a_served_bf16_model_drafts_with_fp32_factors_and_verifies_with_the_base
         torch.testing.assert_close(got[rows].float(), lora[rows], atol=0.05, rtol=0.02)
 
 
-@pytest.mark.parametrize("last", [3, 7])
-def test_a_served_model_shares_the_products_of_one_input_and_keeps_each_projections_own(last):
+@pytest.mark.parametrize("drafting", ["run of 3", "run of 7", "scattered in a batch"])
+def test_a_served_model_shares_the_products_of_one_input_and_keeps_each_projections_own(drafting):
     """A whole served forward (q/k/v share one input and one A product, o_proj beside them reads another, as
     gate/up and down do) equals the unprepared gated model's: at the drafting rows to rounding, at the others
     bit for bit. A shared product reused for a projection that reads another input, or columns taken from the
-    wrong member, would be off by the size of the LoRA term."""
+    wrong member, would be off by the size of the LoRA term. "scattered in a batch": three sequences draft
+    after their own clean rows (a batched decode step), and the served path serves them itself: the general
+    forward (the full LoRA in the model's dtype) cost a batch of 2 twice its forward (session 47)."""
     from bdcore.draft_adapter_serving import prepare_serving
 
     gated = _adapted()
@@ -154,15 +156,23 @@ def test_a_served_model_shares_the_products_of_one_input_and_keeps_each_projecti
     prepare_serving(served)
     groups = {id(g._bd_served.group) for g in _projections(served)}
     assert len(groups) < len(_projections(served))  # some projections do share a product
-    ids = torch.randint(0, 90, (1, 8))
-    rows = torch.zeros_like(ids, dtype=torch.bool)
-    rows[0, 8 - last :] = True
+    if drafting.startswith("run"):
+        last = int(drafting.split()[-1])
+        ids = torch.randint(0, 90, (1, 8))
+        rows = torch.zeros_like(ids, dtype=torch.bool)
+        rows[0, 8 - last :] = True
+    else:
+        ids = torch.randint(0, 90, (3, 8))
+        rows = torch.zeros_like(ids, dtype=torch.bool)
+        rows[0, 5:], rows[1, 2:6], rows[2, 7] = True, True, True
     with torch.inference_mode(), draft_rows(gated, rows):
         want = gated(input_ids=ids).logits
-    with torch.inference_mode(), draft_rows(served, rows):
-        got = served(input_ids=ids).logits
     with torch.inference_mode(), draft_rows(gated, torch.zeros_like(rows)):
         base = gated(input_ids=ids).logits
+    seen = _lora_rows_seen(served)  # peft's own LoRA modules run only on the general path
+    with torch.inference_mode(), draft_rows(served, rows):
+        got = served(input_ids=ids).logits
+    assert seen == []
     assert not torch.allclose(want[rows], base[rows], atol=1e-3)  # the adapter does act at drafting rows
     torch.testing.assert_close(got[rows], want[rows], atol=1e-4, rtol=1e-4)
     assert torch.equal(got[~rows], want[~rows])

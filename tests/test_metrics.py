@@ -213,6 +213,9 @@ def test_forward_cost_gauge_shows_the_speculation_policy(server, tmp_path, monke
         chat(url, "self-spec", self_spec_canvases="auto")  # measures the cost model, then decodes on it
         fam = families(url)["bdstack_forward_cost_seconds"]
         assert fam.type == "gauge"
-        assert {int(s.labels["rows"]): s.value for s in fam.samples} == driver.speculation.cost.points
+        got: dict[int, dict[int, float]] = {}
+        for sample in fam.samples:
+            got.setdefault(int(sample.labels["requests"]), {})[int(sample.labels["rows"])] = sample.value
+        assert got == driver.speculation.cost.points and 8 in got  # every measured batch size's curve
     finally:
         driver.speculation = None  # the other tests' requests keep their fixed layouts

@@ -1,10 +1,11 @@
-"""The decode forward's cost model (bdcore/decode/cost.py), which the `auto` self-spec policy reads: the curve
-interpolates, never falls with rows and follows live timings; calibration times rounds until enough time is
-measured and keeps each size's median; a measurement is cached per checkpoint, dtype and thread count."""
+"""The decode forward's cost model (bdcore/decode/cost.py), which the `auto` self-spec policy reads: a curve
+interpolates, never falls with rows and follows live timings; a batch size without a curve reads its
+neighbours'; calibration times every (batch, rows) shape in rounds until enough time is measured and keeps
+each shape's median; a measurement is cached per checkpoint, dtype and thread count."""
 
 import pytest
 
-from bdcore.decode.cost import RowCost, calibrate, load_or_calibrate
+from bdcore.decode.cost import ForwardCost, RowCost, calibrate, load_or_calibrate
 from bdcore.loading import load_checkpoint
 from inference.native.engine import Engine
 from tests.tiny import tiny_checkpoint
@@ -43,8 +44,11 @@ def test_cost_measurement_is_cached_per_checkpoint(checkpoint, monkeypatch, tmp_
     loaded = load_checkpoint(checkpoint)
     runner = Engine(loaded).runner
     first = load_or_calibrate(runner, checkpoint)
-    assert sorted(first.points) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    assert all(first(a) <= first(b) for a, b in zip(sorted(first.points), sorted(first.points)[1:]))
+    assert sorted(first.points) == [1, 2, 4, 8]  # sequences in the forward
+    assert sorted(first.points[1]) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert sorted(first.points[8]) == [1, 2, 4, 8, 16, 32]  # 8 x 32 = 256 rows in all
+    for batch, points in first.points.items():
+        assert all(first(a, batch) <= first(b, batch) for a, b in zip(sorted(points), sorted(points)[1:]))
 
     def no_measuring(*a, **k):
         raise AssertionError("measured again")
@@ -68,10 +72,10 @@ def test_calibration_times_rounds_until_enough_time_is_measured():
         device=types.SimpleNamespace(type="cpu"),
         forward=lambda batch: calls.append(len(batch[0][1].rows.tokens)),
     )
-    calibrate(runner, sizes=(1, 4), context=8, repeats=2, min_seconds=0.0)
+    calibrate(runner, sizes=(1, 4), batches=(1,), context=8, repeats=2, min_seconds=0.0)
     assert calls == [8] + [1, 4] * 3  # the cache's prefill, a warm-up round, `repeats` timed rounds
     calls.clear()
-    calibrate(runner, sizes=(1, 4), context=8, repeats=2, min_seconds=60.0, max_rounds=5)
+    calibrate(runner, sizes=(1, 4), batches=(1,), context=8, repeats=2, min_seconds=60.0, max_rounds=5)
     assert calls == [8] + [1, 4] * 6  # instant forwards never add up to a minute: max_rounds timed rounds
 
 
@@ -89,8 +93,8 @@ def test_calibration_keeps_each_size_s_median_timing(monkeypatch):
         forward=lambda batch: clock.__setitem__(0, clock[0] + next(took)),
     )
     monkeypatch.setattr("bdcore.decode.cost.time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    cost = calibrate(runner, sizes=(1, 4), context=8, repeats=3, min_seconds=0.0)
-    assert cost.points == {1: 3.0, 4: 8.0}  # medians of [5, 1, 3] and [8, 2, 9]
+    cost = calibrate(runner, sizes=(1, 4), batches=(1,), context=8, repeats=3, min_seconds=0.0)
+    assert cost.points == {1: {1: 3.0, 4: 8.0}}  # medians of [5, 1, 3] and [8, 2, 9]
 
 
 def test_a_cost_measured_at_other_threads_is_measured_again(monkeypatch, tmp_path):
@@ -105,7 +109,7 @@ def test_a_cost_measured_at_other_threads_is_measured_again(monkeypatch, tmp_pat
 
     def fake_calibrate(runner):  # "measures" the thread count, so the curve read back names its run
         measured.append(torch.get_num_threads())
-        return RowCost({1: float(measured[-1])})
+        return ForwardCost({1: {1: float(measured[-1])}})
 
     monkeypatch.setattr("bdcore.decode.cost.calibrate", fake_calibrate)
     runner = types.SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"))
@@ -118,7 +122,7 @@ def test_a_cost_measured_at_other_threads_is_measured_again(monkeypatch, tmp_pat
             got.append(load_or_calibrate(runner, tmp_path / "ckpt").points)
     finally:
         torch.set_num_threads(threads)
-    assert measured == [2, 1] and got == [{1: 2.0}, {1: 1.0}, {1: 2.0}, {1: 1.0}]
+    assert measured == [2, 1] and got == [{1: {1: 2.0}}, {1: {1: 1.0}}, {1: {1: 2.0}}, {1: {1: 1.0}}]
 
 
 def test_a_cost_measured_by_other_decode_code_is_measured_again(monkeypatch, tmp_path):
@@ -132,20 +136,24 @@ def test_a_cost_measured_by_other_decode_code_is_measured_again(monkeypatch, tmp
 
     monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path / "cache"))
     measured = []
-    monkeypatch.setattr(cost, "calibrate", lambda runner: measured.append(1) or RowCost({1: float(len(measured))}))
+    monkeypatch.setattr(
+        cost, "calibrate", lambda runner: measured.append(1) or ForwardCost({1: {1: float(len(measured))}})
+    )
     runner = types.SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"))
     (tmp_path / "ckpt").mkdir()
     first = load_or_calibrate(runner, tmp_path / "ckpt").points
     assert load_or_calibrate(runner, tmp_path / "ckpt").points == first and len(measured) == 1
     assert len(cost.code_stamp()) == 12
     monkeypatch.setattr(cost, "code_stamp", lambda: "other code")
-    assert load_or_calibrate(runner, tmp_path / "ckpt").points == {1: 2.0}, "measured again for the new code"
+    assert load_or_calibrate(runner, tmp_path / "ckpt").points == {1: {1: 2.0}}, "measured again for the new code"
 
 
 def test_calibration_times_forwards_by_rows(checkpoint):
     runner = Engine(load_checkpoint(checkpoint)).runner
     cost = calibrate(runner, sizes=(1, 64), context=8, repeats=1)
-    assert set(cost.points) == {1, 64} and all(s > 0 for s in cost.points.values())
+    assert cost.points.keys() == {1, 2, 4, 8} and set(cost.points[1]) == {1, 64}
+    assert all(set(cost.points[b]) == {1} for b in (2, 4, 8))  # 64 rows a sequence: more than 64 in all
+    assert all(s > 0 for points in cost.points.values() for s in points.values())
 
 
 def test_calibration_forwards_are_shaped_as_self_spec_steps():
@@ -162,10 +170,45 @@ def test_calibration_forwards_are_shaped_as_self_spec_steps():
         device = types.SimpleNamespace(type="cpu")
 
         def forward(self, batch):
-            ((_, op),) = batch
-            seen.append(list(op.rows.stream))
+            caches = {id(cache) for cache, _ in batch}
+            assert len(caches) == len(batch), "every sequence of a forward has a cache of its own"
+            seen.append([tuple(op.rows.stream) for _, op in batch])
 
-    calibrate(Recorder(), sizes=(1, 4), context=6, repeats=1, min_seconds=0.0)
+    calibrate(Recorder(), sizes=(1, 4, 8), batches=(1, 2), context=6, repeats=1, min_seconds=0.0)
     prefill, *steps = seen
-    assert prefill == [CLEAN_STREAM] * 6
-    assert {tuple(s) for s in steps} == {(CLEAN_STREAM,), (CLEAN_STREAM,) + (CANVAS_STREAM,) * 3}
+    assert prefill == [(CLEAN_STREAM,) * 6] * 2  # both sequences' caches, in one forward
+    step = {r: (CLEAN_STREAM,) + (CANVAS_STREAM,) * (r - 1) for r in (1, 4, 8)}
+    # 2 sequences of 8 rows would be 16 rows in all, more than the largest size: not timed
+    assert {(len(s), s[0]) for s in steps} == {(1, step[1]), (1, step[4]), (1, step[8]), (2, step[1]), (2, step[4])}
+    assert all(len(set(s)) == 1 for s in steps)  # the sequences of one forward alike
+
+
+def test_a_batch_size_without_a_curve_reads_its_neighbours():
+    """Between two curves: interpolated at each row count; beyond the largest: along the last two, never
+    below the largest; with one curve, a batch of b as one sequence of b times the rows (the rule before
+    batches were measured); fewer sequences than any curve: the fewest's."""
+    cost = ForwardCost({2: {1: 2.0, 8: 4.0}, 4: {1: 3.0, 8: 7.0}})
+    assert cost(1, 2) == 2.0 and cost(8, 4) == 7.0 and cost(4, 2) == pytest.approx(2.0 + 2.0 * 3 / 7)
+    assert cost(1, 3) == pytest.approx(2.5) and cost(8, 3) == pytest.approx(5.5)
+    assert cost(1, 8) == pytest.approx(3.0 + 4 * 0.5) and cost(8, 8) == pytest.approx(7.0 + 4 * 1.5)
+    assert cost(8, 1) == 4.0  # fewer sequences than any curve
+    one = ForwardCost({1: {1: 1.0, 16: 2.0, 64: 5.0}})
+    assert one(2, 8) == one(16) == 2.0 and one(8, 8) == one(64)
+    # an extrapolation that would fall with rows (the larger batch's curve steeper early) is fitted away
+    odd = ForwardCost({1: {1: 1.0, 4: 1.0, 8: 3.0}, 2: {1: 2.0, 4: 4.0, 8: 4.0}})
+    assert all(odd(a, 6) <= odd(b, 6) for a, b in [(1, 4), (4, 8), (8, 16)])
+    with pytest.raises(ValueError, match="batch sizes >= 1"):
+        ForwardCost({})
+
+
+def test_live_timings_move_their_own_batch_size_s_curve():
+    cost = ForwardCost({1: {1: 1.0, 8: 2.0}, 8: {1: 3.0, 8: 9.0}})
+    cost.observe(8, 14.0, 8)
+    assert cost(8, 8) == pytest.approx(0.8 * 9.0 + 0.2 * 14.0) and cost(8, 1) == 2.0
+    assert cost(8, 4) == pytest.approx((4 * 2.0 + 3 * 10.0) / 7)  # the read curve follows its neighbour's timing
+    cost.observe(1, 10.0, 4)  # a batch size without a curve: it starts from the curve read there
+    read_1 = (4 * 1.0 + 3 * 3.0) / 7
+    assert cost.points[4] == {1: pytest.approx(0.8 * read_1 + 0.2 * 10.0), 8: pytest.approx(38 / 7)}
+    cost.observe(1, 0.0, 2) or cost.observe(0, 1.0, 2)  # nonsense timings are ignored
+    assert 2 not in cost.points
+    assert ForwardCost.from_dict(cost.to_dict()).points == cost.points

@@ -16,7 +16,7 @@ from bdcore.decode.acceptance import (
     prior_from_quality,
     read_draft_prior,
 )
-from bdcore.decode.cost import RowCost
+from bdcore.decode.cost import ForwardCost
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.speculation import Layout, SpeculationPolicy, cycle, layouts
 from bdcore.loading import load_checkpoint
@@ -151,7 +151,7 @@ def test_read_draft_prior(tmp_path):
     ],
 )
 def test_policy_picks_the_fastest_layout_of_an_independent_simulation(rates, points):
-    cost = RowCost(points)
+    cost = ForwardCost({1: points})
     options = layouts(7, "auto", None)
     (picked,) = SpeculationPolicy(cost).choose([rates], [options])
     speeds = {o: simulated_speed(o, rates, cost) for o in options}
@@ -169,7 +169,7 @@ def test_policy_picks_the_fastest_layout_of_an_independent_simulation(rates, poi
     ],
 )
 def test_policy_with_stale_drafts_picks_the_fastest_layout_of_the_simulation(fresh, stale, points):
-    cost = RowCost(points)
+    cost = ForwardCost({1: points})
     options = layouts(7, "auto", None)
     (picked,) = SpeculationPolicy(cost).choose([DraftRates(fresh, stale)], [options])
     speeds = {o: simulated_speed(o, fresh, cost, stale_rates=stale) for o in options}
@@ -181,12 +181,12 @@ def test_policy_with_stale_drafts_picks_the_fastest_layout_of_the_simulation(fre
 
 
 def test_policy_by_case():
-    free = RowCost({1: 1.0, 4096: 1.0})
-    steep = RowCost({1: 1.0, 2: 2.0})
+    free = ForwardCost({1: {1: 1.0, 4096: 1.0}})
+    steep = ForwardCost({1: {1: 1.0, 2: 2.0}})
     opts = [layouts(7, "auto", None)]
     assert SpeculationPolicy(free).choose([[0.9] * 7], opts)[0] == Layout(7, 7, 0)
     assert SpeculationPolicy(steep).choose([[0.9] * 7], opts)[0] == Layout(0, 0, 0)
-    assert SpeculationPolicy(RowCost({1: 1.0, 2: 1.1})).choose([[0.0] * 7], opts)[0] == Layout(0, 0, 0)
+    assert SpeculationPolicy(ForwardCost({1: {1: 1.0, 2: 1.1}})).choose([[0.0] * 7], opts)[0] == Layout(0, 0, 0)
     # The canvases choice only: draft length fixed at 3
     fixed = [layouts(7, "auto", 3)]
     assert {o.drafts for o in fixed[0]} == {3}
@@ -196,7 +196,7 @@ def test_policy_by_case():
 def test_step_overhead_outside_the_forward_favours_drafting():
     """Rows cost enough that causal steps win on forward time alone; a fixed cost per step (taking logits,
     a server's streaming) makes fewer, fuller forwards pay, by the simulation's own count of forwards."""
-    cost = RowCost({1: 1.0, 2: 1.5, 16: 4.0, 64: 12.0})
+    cost = ForwardCost({1: {1: 1.0, 2: 1.5, 16: 4.0, 64: 12.0}})
     rates = [0.5] * 7
     opts = layouts(7, "auto", None)
     assert SpeculationPolicy(cost).choose([rates], [opts])[0] == Layout(0, 0, 0)
@@ -213,7 +213,7 @@ def test_step_overhead_outside_the_forward_favours_drafting():
 def test_batch_policy_drafts_less_when_the_batch_fills_the_forward():
     """Rows nearly free up to 64, then linear in rows: alone, a request drafts with every canvas; in a
     batch of 16 the same rows would cost 16x, so the choice shrinks."""
-    cost = RowCost({1: 1.0, 64: 1.1, 1024: 16.0})
+    cost = ForwardCost({1: {1: 1.0, 64: 1.1, 1024: 16.0}})
     rates = [0.8] * 7
     opts = layouts(7, "auto", None)
     alone = SpeculationPolicy(cost).choose([rates], [opts])[0]
@@ -223,13 +223,32 @@ def test_batch_policy_drafts_less_when_the_batch_fills_the_forward():
 
     # and the choice is the best of every common cap, by brute force over uniform choices
     def batch_speed(o):
-        return 16 * cycle(o, rates).tokens_per_forward / cost(16 * o.rows)
+        return 16 * cycle(o, rates).tokens_per_forward / cost(o.rows, 16)
 
     assert batch_speed(batch[0]) >= 0.99 * max(batch_speed(o) for o in opts)
 
 
+def test_the_batch_policy_prices_rows_by_the_batch_s_own_curve():
+    """Session 46's defect: alone, a second row costs a sequence a tenth of a forward, so drafting pays;
+    in a batch of 8 each sequence's second row costs about a half (what the 8-sequence curve measured), so
+    causal steps are faster, though 8 x 15 rows on the one-sequence curve cost little more than 8. A policy
+    that priced the batch as one sequence of 8 x longest rows drafts there."""
+    alone = {1: 1.0, 2: 1.1, 16: 1.3, 128: 2.0}
+    cost = ForwardCost({1: alone, 8: {1: 2.0, 2: 3.2, 16: 6.0}})
+    rates = [[0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]]
+    opts = [layouts(7, "auto", None)]
+    assert SpeculationPolicy(cost).choose(rates, opts)[0].drafts > 0
+    assert SpeculationPolicy(cost).choose(rates * 8, opts * 8) == [Layout(0, 0, 0)] * 8
+    assert any(o.drafts for o in SpeculationPolicy(ForwardCost({1: alone})).choose(rates * 8, opts * 8))
+
+    def batch_speed(o):  # every sequence alike: the brute force over the 8-sequence curve
+        return 8 * cycle(o, rates[0]).tokens_per_forward / cost(o.rows, 8)
+
+    assert max(batch_speed(o) for o in opts[0]) == batch_speed(Layout(0, 0, 0))
+
+
 def test_a_causal_request_in_the_batch_counts_its_rows():
-    cost = RowCost({1: 1.0, 8: 1.0, 64: 8.0})
+    cost = ForwardCost({1: {1: 1.0, 8: 1.0, 64: 8.0}})
     opts = layouts(7, "auto", None)
     (alone,) = SpeculationPolicy(cost).choose([[0.9] * 7], [opts])
     (beside,) = SpeculationPolicy(cost).choose([[0.9] * 7], [opts], others=7, other_rows=1)
@@ -253,7 +272,7 @@ def _batch_choice_by_brute_force(policy, rates, options, others=0, other_rows=1)
                 picks.append(min(opts, key=lambda o: o.rows))
         tokens = sum(cycle(o, r).tokens_per_forward for o, r in zip(picks, rates)) + others
         rows = max([floor] + [o.rows for o in picks])
-        speed = tokens / (policy.cost((len(rates) + others) * rows) + policy.overhead)
+        speed = tokens / (policy.cost(rows, len(rates) + others) + policy.overhead)
         if speed > best_speed:
             best, best_speed = picks, speed
     return best
@@ -264,10 +283,13 @@ def test_batch_policy_equals_the_brute_force_rule():
     rule read literally chooses, on random acceptance, costs, option sets and batch neighbours."""
     rng = random.Random(7)
     for trial in range(60):
-        points = {1: 1.0}
-        for rows in (4, 16, 64, 256, 1024):
-            points[rows] = points[max(points)] * rng.uniform(1.0, 2.5)
-        policy = SpeculationPolicy(RowCost(points), overhead=rng.choice([0.0, 0.3]))
+        curves = {}
+        for sequences in rng.choice([(1,), (1, 2, 4, 8)]):  # one curve (a batch priced by its total rows) or four
+            points = {1: sequences * rng.uniform(0.5, 1.0)}
+            for rows in (4, 16, 64, 256, 1024):
+                points[rows] = points[max(points)] * rng.uniform(1.0, 2.5)
+            curves[sequences] = points
+        policy = SpeculationPolicy(ForwardCost(curves), overhead=rng.choice([0.0, 0.3]))
         batch = rng.randint(2, 9)
         rates, options = [], []
         for _ in range(batch):
@@ -306,7 +328,7 @@ class RandomPolicy:
 
 def _random_engine(loaded, seed, canvases="auto"):
     decode = DecodeConfig(mode="self-spec", draft_len="auto", self_spec_canvases=canvases)
-    engine = Engine(loaded, decode, cost=RowCost({1: 1.0}))
+    engine = Engine(loaded, decode, cost=ForwardCost({1: {1: 1.0}}))
     policy = RandomPolicy(seed)
     engine.driver.speculation.policy = policy
     return engine, policy
@@ -377,10 +399,15 @@ def test_auto_self_spec_is_lossless_alone_and_batched_and_learns_acceptance(chec
     scheduler = Scheduler(auto, max_batch=4)
     import concurrent.futures as cf
 
+    timed = []  # live timings reach the cost model by the forward's shape: (longest rows, seconds, sequences)
+    observe = spec.cost.observe
+    monkeypatch.setattr(spec.cost, "observe", lambda *a: timed.append(a) or observe(*a))
     with cf.ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda ids: scheduler.generate(ids, params).tokens, prompts))
     assert got == want
     assert max(scheduler.batch_sizes) > 1
+    longest = max(o.rows for o in layouts(3, "auto", None))  # bd_size 4
+    assert max(batch for _, _, batch in timed) > 1 and all(rows <= longest for rows, _, _ in timed)
 
 
 def test_auto_settings_resolve():
@@ -416,7 +443,7 @@ def test_a_request_that_went_causal_drafts_again_after_a_while():
         frozenset(),
     )
     decoder = SelfSpecDecoder(seq, draft_len=4)
-    spec = Speculation(RowCost({1: 1.0, 2: 3.0}), prior=[0.01])
+    spec = Speculation(ForwardCost({1: {1: 1.0, 2: 3.0}}), prior=[0.01])
     spec.attach(decoder, AutoDraft(3, "auto", None))
     picks = []
     for _ in range(PROBE_EVERY + 3):
@@ -427,7 +454,7 @@ def test_a_request_that_went_causal_drafts_again_after_a_while():
     assert picks[PROBE_EVERY] > 0 and picks[PROBE_EVERY + 1] > 0 and picks[PROBE_EVERY + 2] == 0
 
     # counted over the engine: requests of 3 steps each still probe after PROBE_EVERY causal steps in all
-    spec = Speculation(RowCost({1: 1.0, 2: 3.0}), prior=[0.01])
+    spec = Speculation(ForwardCost({1: {1: 1.0, 2: 3.0}}), prior=[0.01])
     picks = []
     for step in range(PROBE_EVERY + 1):
         if step % 3 == 0:

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from bdcore.decode.acceptance import AlternativeEstimate, DraftAcceptance, DraftRates
-from bdcore.decode.cost import RowCost
+from bdcore.decode.cost import ForwardCost
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.speculation import Layout, SpeculationPolicy, cycle, layouts
 from bdcore.decode.tree import cut
@@ -50,7 +50,7 @@ def test_tree_outcome_by_hand():
 
 def test_tree_cycles_match_the_simulation():
     rng = random.Random(3)
-    cost = RowCost({1: 1.0, 4096: 1.0})  # forwards counted: speed is tokens per forward
+    cost = ForwardCost({1: {1: 1.0, 4096: 1.0}})  # forwards counted: speed is tokens per forward
     for _ in range(12):
         fresh = [rng.uniform(0.2, 0.9) for _ in range(5)]
         stale = [rng.uniform(0.1, 0.6) for _ in range(5)]
@@ -73,7 +73,7 @@ def test_the_policy_never_picks_a_tree_slower_than_the_best_chain():
         points = {1: 1.0}
         for rows in (4, 16, 64, 256):
             points[rows] = points[max(points)] * rng.uniform(1.0, 2.2)
-        cost = RowCost(points)
+        cost = ForwardCost({1: points})
         fresh = [rng.uniform(0.2, 0.9) for _ in range(4)]
         stale = [a * rng.uniform(0.3, 1.0) for a in fresh]
         alts = [tuple(sorted([0.0] + [rng.uniform(0, 0.9) for _ in range(3)])) for _ in range(4)]
@@ -88,13 +88,13 @@ def test_the_policy_never_picks_a_tree_slower_than_the_best_chain():
 
 
 def test_no_tree_before_a_side_candidate_was_seen_right_and_trees_where_they_pay():
-    free = RowCost({1: 1.0, 4096: 1.0})
+    free = ForwardCost({1: {1: 1.0, 4096: 1.0}})
     options = [layouts(7, "auto", None, "auto")]
     none = DraftRates([0.6] * 7, [0.4] * 7, [(0.0,) * 4] * 7)
     assert SpeculationPolicy(free).choose([none], options)[0].tree is None
     right = DraftRates([0.6] * 7, [0.4] * 7, [(0.0, 0.5, 0.7, 0.8)] * 7)
     assert SpeculationPolicy(free).choose([right], options)[0].tree is not None
-    steep = RowCost({1: 1.0, 2: 2.0})  # every row a forward's worth: causal steps
+    steep = ForwardCost({1: {1: 1.0, 2: 2.0}})  # every row a forward's worth: causal steps
     assert SpeculationPolicy(steep).choose([right], options)[0] == Layout(0, 0, 0)
 
 
@@ -104,7 +104,7 @@ def test_batch_policy_with_trees_equals_the_brute_force_rule():
         points = {1: 1.0}
         for rows in (4, 16, 64, 256, 1024):
             points[rows] = points[max(points)] * rng.uniform(1.0, 2.5)
-        policy = SpeculationPolicy(RowCost(points))
+        policy = SpeculationPolicy(ForwardCost({1: points}))
         rates, options = [], []
         for _ in range(rng.randint(2, 5)):
             alts = [tuple(sorted([0.0] + [rng.random() for _ in range(3)])) for _ in range(4)]
@@ -162,7 +162,7 @@ def test_engine_equals_the_reference_for_random_layouts_with_trees(agreeing, tre
     model = ref.ReferenceModel(agreeing, mask_id=loaded.mask_id, clean_causal=True, within_block_causal=False)
     decode = DecodeConfig(mode="self-spec", draft_len="auto", self_spec_canvases="auto", tree=tree)
     causal = Engine(loaded, DecodeConfig(mode="causal"))
-    engine = Engine(loaded, decode, cost=RowCost({1: 1.0}))
+    engine = Engine(loaded, decode, cost=ForwardCost({1: {1: 1.0}}))
     picked = Counter()
     for i, ids in enumerate(_prompts(loaded.tokenizer, 8, seed=11)):
         policy = RandomPolicy(seed=i)
@@ -183,7 +183,7 @@ def test_auto_with_trees_is_lossless_alone_and_batched_and_learns_side_candidate
     loaded = load_checkpoint(agreeing)
     causal = Engine(loaded, DecodeConfig(mode="causal"))
     decode = DecodeConfig(mode="self-spec", draft_len="auto", self_spec_canvases="auto", tree="auto")
-    auto = Engine(loaded, decode, cost=RowCost({1: 1.0, 4096: 1.05}))  # rows nearly free: trees pay
+    auto = Engine(loaded, decode, cost=ForwardCost({1: {1: 1.0, 4096: 1.05}}))  # rows nearly free: trees pay
     prompts = _prompts(loaded.tokenizer, 8, seed=2)
     params = SamplingParams(max_tokens=16)
     want = [causal.generate(ids, params).tokens for ids in prompts]

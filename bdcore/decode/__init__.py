@@ -11,6 +11,6 @@
 - `speculation.py`: self-spec layouts and the policy that picks them from cost and acceptance;
 - `acceptance.py`: how often drafts are right (per request, pooled), argmax and side candidates;
 - `tree.py`, `tree_policy.py`: draft trees (a verify over each slot's top candidates) and what they yield;
-- `cost.py`: the forward's measured cost by rows (calibration, cache, live timings);
+- `cost.py`: the forward's measured cost by rows and batch size (calibration, cache, live timings);
 - `gated_delta_layers.py`: gated-delta layers in decode forwards (the runner keeps their state).
 """

@@ -1,12 +1,20 @@
-"""What a decode forward costs: seconds by rows in the forward, measured on the loaded model and device.
+"""What a decode forward costs: seconds by its shape, measured on the loaded model and device.
 
-A forward pads every sequence's rows to the longest, so its cost is a function of batch x longest row list
-(`rows` below). `calibrate` times forwards of 1, 2, 4, ... rows over a cached context at start-up;
-`RowCost` interpolates its isotonic fit of the measured points (linearly; beyond the last, along the
-last segment) and follows live timings (`observe`: a moving average per row count seen, which starts from
-the curve's value there, so one noisy timing at a new row count moves the curve by `LIVE_WEIGHT` of its
-error, not all of it). `load_or_calibrate` keeps the measurement in a JSON file per checkpoint, device,
-dtype and thread count, so a restart does not measure again.
+A forward pads every sequence's rows to the longest, so its shape is (sequences in it, longest row list).
+The two are not interchangeable: on SmolLM2-135M (bf16, 2 CPU threads, 200 cached tokens each) 8 sequences
+of 8 rows cost 144 ms where one sequence of 64 rows costs ~100 ms, and a second row costs each sequence
+~4 ms in a batch of 8 against ~10 ms alone (session 47). A policy that priced a batch by its total rows
+drafted at 8 requests in flight where causal steps were faster (0.66x causal, session 46).
+
+So `ForwardCost` keeps one curve per batch size (`RowCost`: seconds by longest row list) and reads another
+batch size between its neighbours' curves (beyond the largest: along the last two). `calibrate` times
+forwards of 1, 2, 4, ... rows for 1, 2, 4 and 8 sequences over a cached context at start-up; a `RowCost`
+interpolates its isotonic fit of the measured points (linearly; beyond the last, along the last segment)
+and follows live timings (`observe`: a moving average per row count seen, which starts from the curve's
+value there, so one noisy timing at a new row count moves the curve by `LIVE_WEIGHT` of its error, not all
+of it; a live timing at a batch size no curve has starts that size's curve from the one read there).
+`load_or_calibrate` keeps the measurement in a JSON file per checkpoint, device, dtype and thread count, so
+a restart does not measure again.
 """
 
 from __future__ import annotations
@@ -24,14 +32,16 @@ import torch
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.sequence import SequenceCache
 
-SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # rows per sequence; a batch of b times those up to b * r = 256
+BATCHES = (1, 2, 4, 8)  # sequences per calibration forward (the scheduler's default batch is 8)
 CONTEXT = 128  # cached tokens the calibration forwards attend to
-SHAPE = "verify+canvas"  # what a calibration forward holds (in the cache key: older curves timed clean rows)
+# What a calibration forward holds (in the cache key: older curves timed clean rows, or one sequence only)
+SHAPE = "verify+canvas by batch"
 LIVE_WEIGHT = 0.2  # weight of a new live timing in its row count's moving average
 
 
 class RowCost:
-    """Seconds of one decode forward by its rows (batch x longest row list).
+    """Seconds of one decode forward of a given batch size by its rows (the longest row list).
 
     `points` are the measured (and live-averaged) timings; the curve read by `__call__` is their
     isotonic fit (pool-adjacent-violators): a forward of more rows never costs less. Without it, timing
@@ -80,30 +90,104 @@ class RowCost:
         return {str(r): s for r, s in sorted(self.points.items())}
 
 
+class ForwardCost:
+    """Seconds of one decode forward by its rows (the longest row list) and sequences (`batch`): one
+    `RowCost` per batch size it has curves for. A batch size between two of them reads their curves
+    interpolated at each row count; one beyond the largest extrapolates along the last two (rows cost each
+    sequence about the same: never less than at the largest); with a single curve, a batch of b prices its
+    rows as one sequence of b times as many (what the policy assumed before batches were measured). Those
+    read curves are `RowCost`s too, so they never fall with rows. `observe` updates the curve of the batch
+    size it timed, making one from the read curve when there is none."""
+
+    def __init__(self, curves: dict[int, RowCost | dict[int, float]]):
+        if not curves or any(int(b) < 1 for b in curves):
+            raise ValueError(f"a forward cost needs curves at batch sizes >= 1, got {sorted(curves)}")
+        self.curves = {int(b): c if isinstance(c, RowCost) else RowCost(c) for b, c in curves.items()}
+        self._read: dict[int, RowCost] = {}  # curves read at batch sizes without one (dropped on any observe)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ForwardCost:
+        return cls({int(b): {int(r): float(s) for r, s in points.items()} for b, points in data.items()})
+
+    def to_dict(self) -> dict[str, dict[str, float]]:
+        return {str(b): curve.to_dict() for b, curve in sorted(self.curves.items())}
+
+    @property
+    def points(self) -> dict[int, dict[int, float]]:
+        """The measured (and live-averaged) timings: batch -> rows -> seconds."""
+        return {b: dict(sorted(c.points.items())) for b, c in sorted(self.curves.items())}
+
+    def __call__(self, rows: int, batch: int = 1) -> float:
+        return self.curve(batch)(rows)
+
+    def curve(self, batch: int) -> RowCost:
+        batch = max(int(batch), 1)
+        got = self.curves.get(batch) or self._read.get(batch)
+        if got is None:
+            got = self._read[batch] = RowCost(self._read_points(batch))
+        return got
+
+    def _read_points(self, batch: int) -> dict[int, float]:
+        sizes = sorted(self.curves)
+        below = [b for b in sizes if b < batch]
+        above = [b for b in sizes if b > batch]
+        if not below:  # fewer sequences than any curve: the fewest's (a forward never costs less than that)
+            return dict(self.curves[above[0]].points)
+        lo = self.curves[below[-1]]
+        if above:
+            hi, t = self.curves[above[0]], (batch - below[-1]) / (above[0] - below[-1])
+            rows = sorted(set(lo.points) | set(hi.points))
+            return {r: (1 - t) * lo(r) + t * hi(r) for r in rows}
+        if len(below) == 1:  # rows at which the one curve's points fall, b/b0 times as many
+            scale = batch / below[-1]
+            rows = {1} | {max(-(-r * below[-1] // batch), 1) for r in lo.points}
+            return {r: lo(r * scale) for r in rows}
+        prev, b0, b1 = self.curves[below[-2]], below[-2], below[-1]
+        return {r: lo(r) + (batch - b1) * max(lo(r) - prev(r), 0.0) / (b1 - b0) for r in lo.points}
+
+    def observe(self, rows: int, seconds: float, batch: int = 1) -> None:
+        """A live forward of `batch` sequences, the longest `rows` rows, took `seconds`."""
+        if rows < 1 or batch < 1 or not seconds > 0:
+            return
+        if batch not in self.curves:
+            self.curves[batch] = RowCost(dict(self.curve(batch).points))
+        self.curves[batch].observe(rows, seconds)
+        self._read.clear()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def calibrate(
-    runner, *, sizes=SIZES, context: int = CONTEXT, repeats: int = 3, min_seconds: float = 0.5, max_rounds: int = 25
-) -> RowCost:
-    """Median seconds of each row count in `sizes` (none kept) over a cache of `context` tokens,
-    on `runner`'s model and device (`RowCost` fits a non-decreasing curve through them). The sizes are
-    timed in rounds, one forward of each per round after an untimed warm-up round, so a burst of load hits
-    every size alike; rounds go on until each size has `repeats` timings and the timed forwards add up to
+    runner,
+    *,
+    sizes=SIZES,
+    batches=BATCHES,
+    context: int = CONTEXT,
+    repeats: int = 3,
+    min_seconds: float = 0.5,
+    max_rounds: int = 25,
+) -> ForwardCost:
+    """Median seconds of each (batch, rows) forward, batch in `batches` and rows in `sizes` up to
+    batch x rows = max(sizes) (none kept), every sequence over a cache of `context` tokens, on `runner`'s
+    model and device (each batch's `RowCost` fits a non-decreasing curve through them). The shapes are timed
+    in rounds, one forward of each per round after an untimed warm-up round, so a burst of load hits every
+    shape alike; rounds go on until each shape has `repeats` timings and the timed forwards add up to
     `min_seconds` (at most `max_rounds`): three timings of a 2 ms forward once made 64 rows look cheaper
-    than one. A forward of r rows is shaped as the self-spec step the policy prices: one clean (verify) row
+    than one. A sequence's r rows are shaped as the self-spec step the policy prices: one clean (verify) row
     and r - 1 canvas rows. A draft adapter runs its LoRA at canvas rows only (issue 41), so a curve timed on
     clean rows alone would price every drafting forward at the causal step's cost and draft too much."""
     vocab = runner.model.config.vocab_size
-    cache = SequenceCache()
+    caches = [SequenceCache() for _ in range(max(batches))]
     tokens = [(7 * i + 3) % vocab for i in range(context + max(sizes))]
-    runner.forward([(cache, Forward(Rows().clean(tokens[:context], 0), context))])
-    times: dict[int, list[float]] = {r: [] for r in sizes}
+    runner.forward([(cache, Forward(Rows().clean(tokens[:context], 0), context)) for cache in caches])
+    shapes = [(b, r) for b in batches for r in sizes if b * r <= max(sizes) or r == min(sizes)]
+    times: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
     total, rounds = 0.0, 0
     while rounds <= repeats or (total < min_seconds and rounds <= max_rounds):
-        for r in sizes:
+        for b, r in shapes:
             op = Forward(
                 Rows()
                 .clean(tokens[context : context + 1], context)
@@ -112,13 +196,16 @@ def calibrate(
             )
             _sync(runner.device)
             t = time.perf_counter()
-            runner.forward([(cache, op)])
+            runner.forward([(cache, op) for cache in caches[:b]])
             _sync(runner.device)
             if rounds:  # the first round is a warm-up
-                times[r].append(time.perf_counter() - t)
-                total += times[r][-1]
+                times[b, r].append(time.perf_counter() - t)
+                total += times[b, r][-1]
         rounds += 1
-    return RowCost({r: sorted(ts)[len(ts) // 2] for r, ts in times.items()})
+    curves: dict[int, dict[int, float]] = {}
+    for (b, r), ts in times.items():
+        curves.setdefault(b, {})[r] = sorted(ts)[len(ts) // 2]
+    return ForwardCost(curves)
 
 
 @functools.lru_cache(maxsize=1)
@@ -139,7 +226,8 @@ def cache_key(checkpoint: str | os.PathLike, device: torch.device, dtype: torch.
     stamp = config.stat().st_mtime_ns if config.is_file() else 0
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu{os.cpu_count()}"
     threads = torch.get_num_threads()
-    text = f"{path}|{stamp}|{name}|{dtype}|{torch.__version__}|{threads}|{SIZES}|{CONTEXT}|{SHAPE}|{code_stamp()}"
+    shapes = f"{SIZES}|{BATCHES}|{CONTEXT}|{SHAPE}"
+    text = f"{path}|{stamp}|{name}|{dtype}|{torch.__version__}|{threads}|{shapes}|{code_stamp()}"
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
@@ -147,17 +235,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("BDSTACK_CACHE_DIR", Path.home() / ".cache" / "bdstack")) / "row_cost"
 
 
-def load_or_calibrate(runner, checkpoint, *, progress=None) -> RowCost:
+def load_or_calibrate(runner, checkpoint, *, progress=None) -> ForwardCost:
     """The cached measurement for this checkpoint and device, or a new one (written to the cache)."""
     dtype = next(runner.model.parameters()).dtype
     path = cache_dir() / f"{cache_key(checkpoint, runner.device, dtype)}.json"
     if path.is_file():
         try:
-            return RowCost({int(r): float(s) for r, s in json.loads(path.read_text())["seconds"].items()})
-        except (ValueError, KeyError, TypeError):
+            return ForwardCost.from_dict(json.loads(path.read_text())["seconds"])
+        except (ValueError, KeyError, TypeError, AttributeError):
             pass  # a damaged cache file is measured again
     if progress is not None:
-        progress(f"measuring decode forward cost by rows ({', '.join(map(str, SIZES))}) on {runner.device}")
+        progress(
+            f"measuring decode forward cost by rows ({', '.join(map(str, SIZES))}) and sequences "
+            f"({', '.join(map(str, BATCHES))}) on {runner.device}"
+        )
     cost = calibrate(runner)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

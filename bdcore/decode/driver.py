@@ -21,7 +21,7 @@ import torch
 
 from bdcore.decode.acceptance import DraftAcceptance
 from bdcore.decode.config import AUTO
-from bdcore.decode.cost import LIVE_WEIGHT, RowCost
+from bdcore.decode.cost import LIVE_WEIGHT, ForwardCost
 from bdcore.decode.modes import Decoder, SelfSpecDecoder
 from bdcore.decode.speculation import PROBE_EVERY, AutoDraft, Layout, SpeculationPolicy, layouts
 
@@ -29,10 +29,10 @@ POOL_CAP = 4096  # observations of draft 1 (per draft source) pooled before old 
 
 
 class Speculation:
-    """The engine's self-spec policy state: the forward cost by rows, the acceptance pooled over every
+    """The engine's self-spec policy state: the forward cost by rows and batch, the acceptance pooled over every
     request (each new request starts from it), and the layout choice."""
 
-    def __init__(self, cost: RowCost, *, prior: list[float] | None = None):
+    def __init__(self, cost: ForwardCost, *, prior: list[float] | None = None):
         self.cost = cost
         self.pooled = DraftAcceptance.from_prior(prior or [0.5], strength=8.0)
         self.policy = SpeculationPolicy(cost)
@@ -124,9 +124,10 @@ class DecodeDriver:
             torch.cuda.synchronize(self.runner.device)
         end = time.perf_counter()
         seconds = end - start
-        rows = len(batch) * max(len(op.rows.tokens) for _, op in batch)
+        longest = max(len(op.rows.tokens) for _, op in batch)
+        rows = len(batch) * longest
         if self.speculation is not None and decoding:
-            self.speculation.cost.observe(rows, seconds)
+            self.speculation.cost.observe(longest, seconds, len(batch))
             if self._last_decode_end is not None:  # the step's time outside the forward, since the last one
                 self.speculation.observe_overhead(start - self._last_decode_end)
         self._last_decode_end = end if decoding else None

@@ -11,7 +11,7 @@ plain causal step.
 `SpeculationPolicy.choose` picks, for every sequence of a forward at once, the layout that maximises the
 expected tokens emitted per second of the whole forward: acceptance from `DraftAcceptance` (what the
 request has observed, pulled towards the engine's pooled estimate and the checkpoint's prior), cost from
-`bdcore.decode.cost.RowCost` (forward seconds by rows in the forward, batch padding included).
+`bdcore.decode.cost.ForwardCost` (forward seconds by the longest row list and the sequences in it).
 
 Drafts come from two sources with different acceptance. A canvas after the last clean row, or a cold
 step's canvas after the pending token, drafts past a token the model believed in ("fresh"). A canvas after
@@ -207,7 +207,7 @@ class SpeculationPolicy:
 
     Alone in its forward, a sequence takes the layout whose cycle emits the most tokens per second:
     cycle tokens / (cost(verify rows) + p_cold * cost(cold rows)). In a batch every sequence's rows are
-    padded to the longest, so the forward costs cost(batch * longest): for each candidate longest row
+    padded to the longest, so the forward costs cost(longest, batch): for each candidate longest row
     count Q, each sequence takes its best tokens per forward within Q rows, and the Q with the most tokens
     per second for the batch wins."""
 
@@ -241,7 +241,7 @@ class SpeculationPolicy:
         for cap in caps:  # each sequence's best within `cap` rows is a table lookup: this runs every step
             picks = [f.within(cap) for f in fits]
             tokens = sum(tpf for _, tpf, _ in picks) + others
-            speed = tokens / (self.cost(batch * max([floor] + [rows for _, _, rows in picks])) + self.overhead)
+            speed = tokens / (self.cost(max([floor] + [rows for _, _, rows in picks]), batch) + self.overhead)
             if speed > best_speed:
                 best, best_speed = picks, speed
         return [layout for layout, _, _ in best]

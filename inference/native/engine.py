@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bdcore.decode.config import AUTO, DecodeConfig, ResolvedDecode
-from bdcore.decode.cost import RowCost, calibrate, load_or_calibrate
+from bdcore.decode.cost import ForwardCost, calibrate, load_or_calibrate
 from bdcore.decode.driver import DecodeDriver, DecodeLoop, Speculation
 from bdcore.decode.modes import Decoder, make_decoder
 from bdcore.decode.runner import ModelRunner
@@ -95,8 +95,8 @@ class TextOutput(AnswerTokens):
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, decode: DecodeConfig | None = None, *, cost: RowCost | None = None):
-        """`cost`: the forward cost by rows for `draft_len`/`self_spec_canvases` "auto" (default: measured on
+    def __init__(self, loaded: LoadedModel, decode: DecodeConfig | None = None, *, cost: ForwardCost | None = None):
+        """`cost`: the forward cost by rows and batch for `draft_len`/`self_spec_canvases` "auto" (default: measured on
         this model and device at the first such request, or now when `decode` is auto; cached on disk)."""
         self.loaded = loaded
         self.decode = decode or DecodeConfig()

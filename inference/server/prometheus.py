@@ -141,9 +141,10 @@ class _Live(Collector):
         if speculation is not None:
             cost = GaugeMetricFamily(
                 "bdstack_forward_cost_seconds",
-                "The self-spec policy's cost model: seconds of a decode forward by rows.",
-                labels=["rows"],
+                "The self-spec policy's cost model: seconds of a decode forward by its requests and longest rows.",
+                labels=["requests", "rows"],
             )
-            for rows, seconds in sorted(dict(speculation.cost.points).items()):
-                cost.add_metric([str(rows)], seconds)
+            for requests, curve in speculation.cost.points.items():
+                for rows, seconds in curve.items():
+                    cost.add_metric([str(requests), str(rows)], seconds)
             yield cost
