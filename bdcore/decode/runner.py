@@ -1,19 +1,21 @@
 """The decode runner: one model forward over the next rows of one or more sequences.
 
-Each sequence keeps its own cache (`SequenceCache`: keys/values per attention layer, gated-delta
-states). A forward right-pads the caches to the longest one and the new rows to the longest row list,
-builds each sequence's mask with `decode_mask` (padding is never visible; a padding row sees only
-itself, so no row is empty), runs the model once and keeps each sequence's first `keep` new rows. A
-batch of one is a batch: its cache goes in without padding or copies. Prompts run in a forward of their own
-when sequences already decoding share the call (padding them all to a prompt's length costs more than the
-second forward). Hybrid models: the gated-delta
-layers get one `DecodePlan` per batch row and run sequence by sequence, exactly as alone; a crop
-restores the state the sequence's last (rollback) forward snapshotted.
+Each sequence keeps its own cache (`SequenceCache`: keys/values per attention layer, gated-delta states, in
+buffers with room for new rows: `SequenceCache.reserve`). A forward right-pads the caches to the longest one
+and the new rows to the longest row list (the model's attention layers write the new keys and values in
+place after them: `written_in_place`), builds each sequence's mask with `decode_mask` (padding is never
+visible; a padding row sees only itself, so no row is empty), runs the model once and keeps each
+sequence's first `keep` new rows. A batch of one is a batch: it decodes in its own cache's buffers, without
+padding or copies. Prompts run in a forward of their own when sequences already decoding share the call
+(padding them all to a prompt's length costs more than the second forward). Hybrid models: the gated-delta
+layers get one `DecodePlan` per batch row and run sequence by sequence, exactly as alone; a crop restores
+the state the sequence's last (rollback) forward snapshotted.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,6 +47,13 @@ class ModelRunner:
         # Built once and copied blank per forward: building from the config walks it (~1 ms a forward on a CPU,
         # 2-3% of a 135M model's decode step).
         self._cache_template = DynamicCache(config=model.config)
+        other = {type(self._cache_template.layers[i]).__name__ for i in self.attn_layers}
+        if other != {"DynamicLayer"}:  # e.g. sliding-window layers, which keep only the window
+            raise NotImplementedError(
+                f"the decode runner keeps every attention layer's whole context and writes new rows in place; "
+                f"this model's attention cache layers are {sorted(other)}. Serve it with a backend made for them "
+                f"(SGLang, vLLM) or disable its sliding window in config.json."
+            )
 
     @classmethod
     def for_checkpoint(cls, model, caps: Capabilities) -> ModelRunner:
@@ -107,8 +116,7 @@ class ModelRunner:
             mask[b, 0, :q, L : L + q] = m[:, c:]
         kv = self._blank_cache()
         if L:
-            for j, layer in enumerate(self.attn_layers):
-                self._fill(kv.layers[layer], [cache for cache, _ in batch], j, L)
+            self._seat(kv, [cache for cache, _ in batch], lengths, L + Q)
         masks = mask
         if self.hybrid:
             plans = []
@@ -135,36 +143,75 @@ class ModelRunner:
             out = self.model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=kv, use_cache=True)
         for b, (cache, op) in enumerate(batch):
             keep_to = L + op.keep
-            if n == 1:  # the layer's tensor is [cache, new rows]: keep a view, no copy
-                cache.keys = [kv.layers[i].keys[0, :, :keep_to] for i in self.attn_layers]
-                cache.values = [kv.layers[i].values[0, :, :keep_to] for i in self.attn_layers]
+            if n == 1:
+                if L:  # its rows were written into its own buffers
+                    cache.keep(keep_to)
+                else:  # a prompt: the layer's tensor is its new rows, kept as a view
+                    cache.keys = [kv.layers[i].keys[0, :, :keep_to] for i in self.attn_layers]
+                    cache.values = [kv.layers[i].values[0, :, :keep_to] for i in self.attn_layers]
                 continue
             new_k = [kv.layers[i].keys[b, :, L:keep_to] for i in self.attn_layers]
             new_v = [kv.layers[i].values[b, :, L:keep_to] for i in self.attn_layers]
-            if cache.keys:
-                cache.keys = [torch.cat([k, nk], 1) for k, nk in zip(cache.keys, new_k)]
-                cache.values = [torch.cat([v, nv], 1) for v, nv in zip(cache.values, new_v)]
+            if L:  # every sequence of a forward without a prompt has a cache: its new rows go in its room
+                c = lengths[b]
+                keys, values = cache.reserve(c + op.keep)
+                for room, new in zip((*keys, *values), (*new_k, *new_v)):
+                    room[:, c : c + op.keep] = new
+                cache.keep(c + op.keep)
             else:
                 cache.keys, cache.values = [k.clone() for k in new_k], [v.clone() for v in new_v]
         return out.logits
 
-    @staticmethod
-    def _fill(layer, caches: list[SequenceCache], j: int, L: int) -> None:
-        """Seed one attention layer of the forward's cache with every sequence's keys/values, right-padded
-        to L. The model's own update then appends the new rows."""
+    def _seat(self, kv, caches: list[SequenceCache], lengths: list[int], total: int) -> None:
+        """Give every attention layer of the forward's cache (`kv`) the sequences' keys/values in buffers with
+        room for the new rows, which the model's update then writes in place (`written_in_place`): a batch of
+        one decodes in its own cache's buffers (no copy), a batch in buffers right-padded to the longest
+        cache (one copy of each cache; the padding zeroed: it is never visible, but an empty buffer's NaN
+        times a zero attention weight would still be NaN)."""
+        layer_type = written_in_place()
         if len(caches) == 1:
-            keys, values = caches[0].keys[j][None], caches[0].values[j][None]
-        else:
-            like = next(c.keys[j] for c in caches if c.keys)
+            keys, values = caches[0].reserve(total)
+            for j, i in enumerate(self.attn_layers):
+                kv.layers[i] = layer_type(keys[j][None, :, :total], values[j][None, :, :total], lengths[0])
+            return
+        longest = max(lengths)
+        for j, i in enumerate(self.attn_layers):
+            buffers = []
+            for which in ("keys", "values"):
+                like = getattr(caches[0], which)[j]
+                buffer = like.new_empty(len(caches), like.shape[0], total, like.shape[2])
+                for b, (cache, length) in enumerate(zip(caches, lengths)):
+                    buffer[b, :, :length] = getattr(cache, which)[j]
+                    buffer[b, :, length:longest].zero_()
+                buffers.append(buffer)
+            kv.layers[i] = layer_type(*buffers, longest)
 
-            def padded(c: SequenceCache, which: str) -> torch.Tensor:
-                t = getattr(c, which)[j] if getattr(c, which) else torch.zeros_like(like[:, :0])
-                return torch.nn.functional.pad(t, (0, 0, 0, L - t.shape[1]))
 
-            keys = torch.stack([padded(c, "keys") for c in caches])
-            values = torch.stack([padded(c, "values") for c in caches])
-        layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
+@functools.cache
+def written_in_place() -> type:
+    """The attention cache layer of a decode forward (a subclass of transformers' `DynamicLayer`, made on
+    first use: bdcore imports no transformers internals at import time): it holds buffers [batch, heads,
+    total, d] whose first `length` tokens are the cached ones, and `update` writes the forward's new rows
+    after them in place, where `DynamicLayer` concatenates (a copy of the whole cache per layer per forward)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class WrittenInPlace(DynamicLayer):
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
+            super().__init__()
+            self._room, self._length = (keys, values), length
+            self.dtype, self.device = keys.dtype, keys.device
+            self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            end = self._length + key_states.shape[-2]
+            keys, values = self._room
+            keys[:, :, self._length : end] = key_states
+            values[:, :, self._length : end] = value_states
+            self.keys, self.values = keys[:, :, :end], values[:, :, :end]
+            return self.keys, self.values
+
+    return WrittenInPlace
 
 
 def _blank_layer(layer):
