@@ -20,6 +20,8 @@ the adapter's general forward (`_gated_lora_forward` sends them there).
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -106,6 +108,25 @@ def prepare_serving(model) -> None:
             served = _ServedProjection(m, group, slice(start, start + a.shape[0]), b)
             object.__setattr__(m, SERVED_ATTR, served)  # not a submodule: no state-dict entry
             start += a.shape[0]
+
+
+def base_twin(model):
+    """`model`'s module tree with each adapted projection's place taken by its base layer, sharing every
+    parameter, buffer and hook (only the tree is new): a forward in which no row drafts (a causal step, a
+    verify-only step) runs the base model's own modules, without the adapter's dispatch at each of its
+    projections (~3.4 ms of a 49 ms SmolLM2-135M decode step on a CPU, session 47). It computes what the
+    gated model computes there bit for bit: its non-drafting rows are the base projection's output. Methods
+    bound to a module instance (the gated-delta layers' decode forward) still name the original: bind them
+    to the twin's modules again."""
+
+    def twin(module):
+        if hasattr(module, "lora_A") and ADAPTER_NAME in module.lora_A and hasattr(module, "base_layer"):
+            return module.base_layer
+        clone = copy.copy(module)  # shares the parameter, buffer and hook dicts
+        clone._modules = {name: None if child is None else twin(child) for name, child in module._modules.items()}
+        return clone
+
+    return twin(model)
 
 
 def truncate_adapter(model, energy: float) -> dict[str, int]:

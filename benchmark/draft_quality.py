@@ -10,8 +10,10 @@ head's held-out loss. `--compare-served` also decodes every prompt with the nati
 (greedy, both layouts) and prints the served tokens per forward beside the implied ones: on answers that
 are the checkpoint's own greedy output the two are equal; on other answers the metric follows their path.
 Two markdown tables follow (`bdcore/decode/tree_acceptance.py`): per canvas slot, the share of anchors whose
-AR token is in the slot's top k given the earlier slots' were in theirs; per tree shape, its nodes and the
-mean drafts a greedy verify of it would accept, against the linear chain's.
+AR token is in the slot's top k given the earlier slots' were in theirs; per tree shape, its nodes, the
+mean drafts a greedy verify of it would accept against the linear chain's, and the tokens per forward a
+decode verifying it at every step would take along the answers (cold steps counted, as for the chain);
+with `--compare-served` the engine decodes every tree too, and on the checkpoint's own answers the two agree.
 """
 
 from __future__ import annotations
@@ -66,29 +68,46 @@ def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, 
         **quality.summary(),
         "seconds": time.perf_counter() - t0,
     }
+    result["trees"] = quality.trees(N)
     if serve:
         result.update(served(loaded, samples, N))
-    result["trees"] = quality.trees(N)
+        for row in result["trees"]["tree_shapes"]:  # each tree verified by the engine, both canvas layouts
+            if (setting := tree_setting(row)) is not None:
+                for layout, key in (("last", "served_tpf_linear"), ("all", "served_tpf_all")):
+                    row[key] = served_tpf(loaded, samples, N, layout, setting)
     return result
 
 
+def tree_setting(row: dict) -> str | None:
+    """The `--tree` setting of a shape row (None: the linear chain, which `served` already decodes)."""
+    if max(row["widths"]) == 1:
+        return None
+    return ("spine:" if row["spine"] else "") + ",".join(map(str, row["widths"]))
+
+
 def served(loaded, samples: list[tuple[list[int], int]], draft_len: int) -> dict:
-    """Served greedy self-spec tokens per forward on the same prompts (answers cut at the reference's length
-    plus a margin, so a run-on answer costs no more than the metric's)."""
+    """Served greedy self-spec tokens per forward on the same prompts, linear and all canvases."""
+    return {
+        "served_tpf_linear": served_tpf(loaded, samples, draft_len, "last"),
+        "served_tpf_all": served_tpf(loaded, samples, draft_len, "all"),
+    }
+
+
+def served_tpf(loaded, samples: list[tuple[list[int], int]], draft_len: int, canvases: str, tree: str = "off") -> float:
+    """Tokens per forward of the native engine's greedy self-spec over the samples' prompts, each answer
+    capped at the reference's length (so a run-on answer costs no more than the metric's)."""
     from bdcore.decode.config import DecodeConfig
     from bdcore.decode.sampling import SamplingParams
     from inference.native.engine import Engine
 
-    out = {}
-    for layout in ("last", "all"):
-        engine = Engine(loaded, DecodeConfig(mode="self-spec", draft_len=draft_len, self_spec_canvases=layout))
-        tokens = forwards = 0
-        for ids, start in samples:
-            gen = engine.generate(ids[:start], SamplingParams(max_tokens=len(ids) - start))
-            tokens += gen.stats.generated
-            forwards += gen.stats.forwards
-        out["served_tpf_linear" if layout == "last" else "served_tpf_all"] = tokens / max(1, forwards)
-    return out
+    decode = DecodeConfig(mode="self-spec", draft_len=draft_len, self_spec_canvases=canvases, tree=tree)
+    engine = Engine(loaded, decode)
+    tokens = forwards = 0
+    for ids, start in samples:
+        gen = engine.generate(ids[:start], SamplingParams(max_tokens=len(ids) - start))
+        tokens += gen.stats.generated
+        forwards += gen.stats.forwards
+    return tokens / max(1, forwards)
 
 
 def markdown_tables(trees: dict[str, list]) -> str:
@@ -102,12 +121,17 @@ def markdown_tables(trees: dict[str, list]) -> str:
     lines += [f"| {r['slot']} | {r['anchors']} | " + " | ".join(_cell(r[k]) for k in ks) + " |" for r in slots]
     lines += [
         "",
-        "| tree shape | tree nodes (verify rows) | mean accepted drafts per verify | vs linear |",
-        "|---|---:|---:|---:|",
+        "| tree shape | tree nodes (verify rows) | mean accepted drafts per verify | vs linear "
+        "| implied tokens/forward, canvases after the last spine row / every one | served |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for r in trees["tree_shapes"]:
         ratio = "-" if r["vs_linear"] is None else f"{r['vs_linear']:.2f}x"
-        lines.append(f"| {r['shape']} | {r['nodes']} | {r['mean_accepted']:.4f} | {ratio} |")
+        implied, served = (
+            "-" if f"{kind}tpf_linear" not in r else f"{r[f'{kind}tpf_linear']:.3f} / {r[f'{kind}tpf_all']:.3f}"
+            for kind in ("", "served_")
+        )
+        lines.append(f"| {r['shape']} | {r['nodes']} | {r['mean_accepted']:.4f} | {ratio} | {implied} | {served} |")
     return "\n".join(lines)
 
 

@@ -99,6 +99,30 @@ def test_causal_and_greedy_self_spec_are_the_base_models_output(pair):
     assert differs > 0, "the adapter changes the drafts"
 
 
+def test_forwards_without_drafting_rows_run_the_base_modules(pair, monkeypatch):
+    """A served draft-adapter model runs a forward in which no row drafts (causal steps, prompts) on its base
+    modules (`base_twin`): no adapted projection is called and the tokens are the base model's; forwards
+    that draft still go through the adapter. Hybrid: the twin's gated-delta layers decode with its own
+    projections (bound to the original's, they would call the adapter)."""
+    from bdcore.draft_adapter import DraftGate
+
+    plain, draft = pair
+    calls = []  # every adapted projection asks the gate for its drafting rows
+    plan = DraftGate.plan
+    monkeypatch.setattr(DraftGate, "plan", lambda self, shape: calls.append(1) or plan(self, shape))
+    params = SamplingParams(max_tokens=12)
+    base = Engine(plain, DecodeConfig(mode="causal"))
+    causal = Engine(draft, DecodeConfig(mode="causal"))
+    prompts = _prompts(plain.tokenizer, 3, seed=5)
+    for ids in prompts:
+        assert causal.generate(ids, params).tokens == base.generate(ids, params).tokens
+    assert calls == [], "a causal decode called the adapter"
+    spec = Engine(draft, DecodeConfig(mode="self-spec", draft_len=4))
+    for ids in prompts:
+        assert spec.generate(ids, params).tokens == base.generate(ids, params).tokens
+    assert calls, "drafting forwards run the adapter"
+
+
 def test_batched_forwards_gate_each_row_as_one_request_alone(pair):
     """Padded batched forwards (clean and canvas rows of several requests) == each request alone, and the
     scheduler's batched generations == one at a time, in every mode."""

@@ -43,6 +43,29 @@ def test_walk_replays_the_decoder_by_hand():
     assert walk_forwards(never, 4, all_canvases=False) == 10  # verify (correction) and cold steps alternate
 
 
+def test_walk_with_a_tree_by_hand():
+    """A tree accepts the AR tokens among each depth's candidates (the ranks); the canvases follow the argmax
+    chain, so a path through a side candidate leaves no drafts, as a rejection does in linear mode."""
+    from bdcore.decode.tree_acceptance import TreeShape
+
+    # anchors 10..18 of an answer ending at 19; ranks of the AR token in each of the 3 slots
+    ranks = [[0, 1, 0], [1, 0, 0], [0, 0, 0], [0, 0, 0], [2, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
+    s = SampleDrafts(10, 20, accepted=[1, 0, 3, 3, 0, 3, 3, 3, 3], ar_nll=[0.0] * 9, ar_matches_data=0, ranks=ranks)
+    chain = TreeShape((1, 1, 1))
+    for every in (False, True):  # a tree of one candidate per depth is the chain
+        assert walk_forwards(s, 4, all_canvases=every, tree=chain) == walk_forwards(s, 4, all_canvases=every)
+    two = TreeShape((2, 2, 1))
+    # every canvas: prefill; at 10 the path takes slot 2's second candidate (ranks 0, 1, 0: accepts 3, but off
+    # the chain), emits 11-14; cold at 14; at 15 (ranks 0,0,0) accepts 3, emits 16-19: 4 forwards
+    assert walk_forwards(s, 4, all_canvases=True, tree=two) == 4
+    assert walk_forwards(s, 4, all_canvases=False, tree=two) == 4  # each verify took all three or went cold
+    spine = TreeShape((2, 2, 2), spine=True)
+    # a spine's side candidate is a leaf: at 10 it accepts 2 (slot 2's second candidate), emits 11-13; cold at
+    # 13 (emits 14); at 14 slot 1's AR token is the third candidate (rank 2, width 2): emits 15; at 15 all three
+    # (16-19): prefill, verify, cold, verify, verify = 5
+    assert walk_forwards(s, 4, all_canvases=True, tree=spine) == 5
+
+
 def test_the_summary_by_hand():
     """The figures the trainer logs and the server takes as its acceptance prior: `draft_first_accept` counts
     anchors whose first draft was accepted (accepted prefix > 0), not every anchor."""
@@ -157,8 +180,13 @@ def test_the_benchmark_on_self_distilled_answers_implies_what_is_served(tmp_path
     assert result["samples"] == len(kept) and result["draft_len"] == 4
     assert result["draft_tpf_linear"] == pytest.approx(result["served_tpf_linear"])
     assert result["draft_tpf_all"] == pytest.approx(result["served_tpf_all"])
-    linear = result["trees"]["tree_shapes"][0]
+    linear, *trees = result["trees"]["tree_shapes"]
     assert linear["shape"] == "(1,1,1)" and linear["mean_accepted"] == pytest.approx(result["draft_mean_accepted"])
+    assert linear["tpf_linear"] == result["draft_tpf_linear"] and linear["tpf_all"] == result["draft_tpf_all"]
+    assert trees and all(max(t["widths"]) > 1 for t in trees)
+    for tree in trees:  # on the checkpoint's own answers, a tree's implied tokens per forward is what is served
+        assert tree["tpf_linear"] == pytest.approx(tree["served_tpf_linear"]), tree
+        assert tree["tpf_all"] == pytest.approx(tree["served_tpf_all"]), tree
     printed = capsys.readouterr().out
     figures = dict(line.split(maxsplit=1) for line in printed.split("\n\n")[0].splitlines())
     assert figures["draft_mean_accepted"] == f"{result['draft_mean_accepted']:.4f}" and "trees" not in figures

@@ -28,7 +28,14 @@ import torch
 from bdcore.decode.canvas_fill import CanvasFill
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.sequence import SequenceCache
-from bdcore.decode.tree_acceptance import TOP_K, TreeShape, default_shapes, topk_path_acceptance, tree_table
+from bdcore.decode.tree_acceptance import (
+    TOP_K,
+    TreeShape,
+    accepted_depth,
+    default_shapes,
+    topk_path_acceptance,
+    tree_table,
+)
 
 
 @dataclass
@@ -108,17 +115,27 @@ def score_sample(
     return SampleDrafts(start, L, accepted, nll.tolist(), matches, ranks)
 
 
-def walk_forwards(sample: SampleDrafts, draft_len: int, *, all_canvases: bool) -> int:
+def walk_forwards(sample: SampleDrafts, draft_len: int, *, all_canvases: bool, tree: TreeShape | None = None) -> int:
     """The forwards self-spec takes to emit the answer, replayed from the accepted prefixes: the prefill
     emits the first token and drafts; a verify step at anchor a emits accepted(a) drafts and one AR token
     (the next anchor); in linear mode a rejection leaves no drafts, so a cold step emits one AR token and
-    drafts anew. Ends when the stop token is emitted."""
+    drafts anew. Ends when the stop token is emitted.
+
+    `tree`: every verify offers that draft tree (`bdcore.decode.tree`), cut to the canvas's N - 1 slots, and
+    accepts `accepted_depth` of it (the AR tokens among each depth's offered candidates, from the ranks);
+    the canvases follow the spine's rows (the argmax chain), so a path that leaves the spine leaves no
+    drafts, as a rejection does in linear mode."""
     a, forwards, warm, last = sample.start, 1, True, sample.end - 1
     while a < last:
         forwards += 1
         if warm:
-            k = sample.accepted[a - sample.start]
-            warm = all_canvases or k == draft_len - 1
+            i = a - sample.start
+            if tree is None:
+                k, on_spine = sample.accepted[i], True
+            else:
+                k = accepted_depth(sample.ranks[i], tree)
+                on_spine = all(rank == 0 for rank in sample.ranks[i][:k])
+            warm = on_spine and (all_canvases or k == draft_len - 1)
             a += k + 1
         else:  # cold step: [pending, MASK x (N-1)]
             a, warm = a + 1, True
@@ -167,10 +184,13 @@ class DraftQuality:
         acceptance and, per shape (default: `default_shapes`), node count and mean accepted drafts per verify.
         Apart from `summary` so that the trainer's logged figures stay what they were."""
         anchors = [ranks for s in self.per_sample for ranks in s.ranks]
-        return {
-            "topk_path_acceptance": topk_path_acceptance(anchors, top_k),
-            "tree_shapes": tree_table(anchors, shapes or default_shapes(draft_len), draft_len),
-        }
+        shapes = shapes or default_shapes(draft_len)
+        rows = tree_table(anchors, shapes, draft_len)
+        for row, shape in zip(rows, shapes):  # the tokens per forward a decode verifying this tree would take
+            for key, every in (("tpf_linear", False), ("tpf_all", True)):
+                forwards = sum(walk_forwards(s, draft_len, all_canvases=every, tree=shape) for s in self.per_sample)
+                row[key] = self.tokens / max(1, forwards)
+        return {"topk_path_acceptance": topk_path_acceptance(anchors, top_k), "tree_shapes": rows}
 
 
 def draft_quality(

@@ -24,7 +24,8 @@ from bdcore.decode.gated_delta_layers import DecodePlan, patch_for_decode
 from bdcore.decode.rows import Forward, decode_mask
 from bdcore.decode.sampling import ban
 from bdcore.decode.sequence import SequenceCache
-from bdcore.draft_adapter import draft_rows
+from bdcore.draft_adapter import draft_gate, draft_rows
+from bdcore.draft_adapter_serving import base_twin
 from bdcore.gated_delta import is_hybrid
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class ModelRunner:
         self.within_block_causal = within_block_causal
         self.device = next(model.parameters()).device
         self.serving_only = False  # set by the engine: see _no_autograd
+        self._twin = None  # the base modules of a served draft-adapter model (`_model_for`), made on first use
         from transformers import DynamicCache
 
         # Built once and copied blank per forward: building from the config walks it (~1 ms a forward on a CPU,
@@ -137,10 +139,15 @@ class ModelRunner:
                 plans.append(plan)
             masks = {"full_attention": mask, "linear_attention": plans}
         drafting = torch.zeros(n, Q, dtype=torch.bool, device=dev)  # a draft-only adapter acts at canvas rows only
+        drafts = False
         for b, (_, op) in enumerate(batch):
-            drafting[b, : len(op.rows.stream)] = torch.tensor(op.rows.drafting(), device=dev)
+            rows = op.rows.drafting()
+            drafts = drafts or any(rows)
+            drafting[b, : len(op.rows.stream)] = torch.tensor(rows, device=dev)
         with draft_rows(self.model, drafting):
-            out = self.model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=kv, use_cache=True)
+            out = self._model_for(drafts)(
+                input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=kv, use_cache=True
+            )
         for b, (cache, op) in enumerate(batch):
             keep_to = L + op.keep
             if n == 1:
@@ -161,6 +168,18 @@ class ModelRunner:
             else:
                 cache.keys, cache.values = [k.clone() for k in new_k], [v.clone() for v in new_v]
         return out.logits
+
+    def _model_for(self, drafts: bool):
+        """The model to run a forward on: a served draft-adapter model's base modules (`base_twin`) where no row
+        drafts, the model itself otherwise. Only where the engine serves: a model that also trains (rollouts)
+        may be sharded or checkpointed, and its module tree is not for copying."""
+        if drafts or not self.serving_only or draft_gate(self.model) is None:
+            return self.model
+        if self._twin is None:
+            self._twin = base_twin(self.model)
+            if self.hybrid:
+                patch_for_decode(self._twin)
+        return self._twin
 
     def _seat(self, kv, caches: list[SequenceCache], lengths: list[int], total: int) -> None:
         """Give every attention layer of the forward's cache (`kv`) the sequences' keys/values in buffers with
