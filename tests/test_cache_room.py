@@ -20,11 +20,11 @@ def _cache(length, layers=3):
     )
 
 
-def test_reserve_keeps_the_cache_and_grows_by_doubling():
+def test_reserve_keeps_the_cache_and_grows_by_a_quarter():
     cache = _cache(5)
     want = [t.clone() for t in (*cache.keys, *cache.values)]
     keys, values = cache.reserve(7)
-    assert len(keys) == len(values) == 3 and keys[0].shape == (2, 64, 4)  # at least 64 tokens of room
+    assert len(keys) == len(values) == 3 and keys[0].shape == (2, 7 + 64, 4)  # at least 64 tokens of room
     assert all(torch.equal(a, b) for a, b in zip((*cache.keys, *cache.values), want))
     assert cache.keys[0].data_ptr() == keys[0].data_ptr() and cache.values[2].data_ptr() == values[2].data_ptr()
     keys[1][:, 5:7] = 1.0  # a forward's two new rows, written in place
@@ -32,9 +32,9 @@ def test_reserve_keeps_the_cache_and_grows_by_doubling():
     assert cache.length == 7 and torch.equal(cache.keys[1][:, 5:], torch.ones(2, 2, 4))
     assert cache.reserve(60)[0][0] is keys[0]  # room enough: the same buffers
     cache.crop(3)  # a rollback keeps views of the buffers
-    assert cache.reserve(64)[0][0] is keys[0]
-    grown, _ = cache.reserve(65)  # no room: twice what was asked, the cache copied once
-    assert grown[0].shape[1] == 130 and grown[0] is not keys[0]
+    assert cache.reserve(71)[0][0] is keys[0]
+    grown, _ = cache.reserve(400)  # no room: a quarter more than asked, the cache copied once
+    assert grown[0].shape[1] == 500 and grown[0] is not keys[0]
     assert all(torch.equal(a, b[:, :3]) for a, b in zip((*cache.keys, *cache.values), want))
     cache.keys = [k.clone() for k in cache.keys]  # tensors of a runner's own: not the buffers any more
     moved, _ = cache.reserve(4)

@@ -146,12 +146,14 @@ class SequenceCache:
 
     def reserve(self, total: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Buffers (keys', values') with room for `total` tokens, whose first `length` are the cached ones;
-        `keys`/`values` are kept as views of them. A cache without room moves into new buffers of twice what
-        was asked (one copy, amortised over the steps that follow). Needs a cache with keys."""
+        `keys`/`values` are kept as views of them. A cache without room moves into new buffers a quarter
+        (at least 64 tokens) longer than asked: one copy, amortised over the steps that follow, and at most
+        a quarter more memory than the cache (doubling would hold twice a long context's KV on a GPU).
+        Needs a cache with keys."""
         half = len(self.keys)
         if not self._in_room() or self.room[0].shape[1] < total:
             n, cached = self.length, (*self.keys, *self.values)
-            room = max(2 * total, 64)
+            room = total + max(total // 4, 64)
             self.room = [t.new_empty(t.shape[0], room, t.shape[2]) for t in cached]
             for buffer, t in zip(self.room, cached):
                 buffer[:, :n] = t
