@@ -204,18 +204,15 @@ def test_self_spec_draft_len_and_accepted_histograms(server, stream):
         assert cumulative == sum(v for k, v in steps.items() if k <= le)
 
 
-def test_forward_cost_gauge_shows_the_speculation_policy(server, tmp_path, monkeypatch):
+def test_forward_cost_gauge_shows_the_speculation_policy(server):
+    """The server measures the cost model when it starts (on the thread that decodes), not at a request's
+    first `auto`: a request thread's forwards would slow the whole process (session 47)."""
     url, driver = server[0], server[1].state.engine.driver
-    assert driver.speculation is None, "a fixed draft_len needs no cost model"
-    assert "bdstack_forward_cost_seconds" not in families(url)
-    monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path))  # the calibration's cache file
-    try:
-        chat(url, "self-spec", self_spec_canvases="auto")  # measures the cost model, then decodes on it
-        fam = families(url)["bdstack_forward_cost_seconds"]
-        assert fam.type == "gauge"
-        got: dict[int, dict[int, float]] = {}
-        for sample in fam.samples:
-            got.setdefault(int(sample.labels["requests"]), {})[int(sample.labels["rows"])] = sample.value
-        assert got == driver.speculation.cost.points and 8 in got  # every measured batch size's curve
-    finally:
-        driver.speculation = None  # the other tests' requests keep their fixed layouts
+    assert driver.speculation is not None, "measured at start-up"
+    chat(url, "self-spec", self_spec_canvases="auto")  # decodes on the cost model
+    fam = families(url)["bdstack_forward_cost_seconds"]
+    assert fam.type == "gauge"
+    got: dict[int, dict[int, float]] = {}
+    for sample in fam.samples:
+        got.setdefault(int(sample.labels["requests"]), {})[int(sample.labels["rows"])] = sample.value
+    assert got == driver.speculation.cost.points and 8 in got  # every measured batch size's curve

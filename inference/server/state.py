@@ -43,6 +43,12 @@ class ServerState:
         allow_client_chat_template: bool,
     ) -> ServerState:
         engine = Engine(loaded, decode)
+        if _serves_auto_self_spec(loaded):
+            # The self-spec cost model is measured here, on the thread that loaded the model and will decode
+            # (serve.py's main thread). Measured at a request's first `auto`, it ran on that request's thread,
+            # whose OpenMP team of its own slowed every later forward of the process by about a third on a
+            # 2-core CPU (session 47: causal 0.59x the base's generate, against 0.88x). Cached on disk after.
+            engine.speculation()
         scheduler = Scheduler(engine, max_batch)
         metrics = ServerMetrics()
         metrics.watch(engine.driver, scheduler.batch_sizes)
@@ -69,3 +75,14 @@ class ServerState:
     def start(self, fn) -> asyncio.Future:
         """Run `fn` in a request thread (the scheduler decides what runs together)."""
         return asyncio.get_running_loop().run_in_executor(self.workers, fn)
+
+
+def _serves_auto_self_spec(loaded: LoadedModel) -> bool:
+    """Whether a request may ask this checkpoint for self-spec with `draft_len` or canvases `auto`."""
+    from bdcore.serving_gate import CannotServe, resolve
+
+    try:
+        resolve(loaded.capabilities, DecodeConfig(mode="self-spec", draft_len="auto"), "native")
+    except CannotServe:
+        return False
+    return True
