@@ -67,10 +67,10 @@ def test_batched_steps_write_in_place_and_never_read_the_padding(runner, monkeyp
             want = [runner.forward([(c, op)])[0] for c, op in zip(alone, ops)]
             for g, w in zip(got, want):
                 assert not g.isnan().any()
-                torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)  # as test_scheduler.py
             if step:  # the first step moved each prompt's cache into buffers with room
                 assert [c.keys[0].data_ptr() for c in batched] == before
     for b, a in zip(batched, alone):
         assert b.length == a.length
         for x, y in zip((*b.keys, *b.values), (*a.keys, *a.values)):
-            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
