@@ -32,6 +32,8 @@ def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, 
     from bdcore.decode.config import DecodeConfig
     from bdcore.decode.draft_quality import draft_quality
     from bdcore.decode.runner import ModelRunner
+    from bdcore.decode.tree import tree_setting
+    from bdcore.decode.tree_acceptance import TreeShape
     from bdcore.loading import load_checkpoint
     from bdcore.serving_gate import CannotServe, resolve
     from bdcore.tokens import end_of_turn_id
@@ -72,17 +74,11 @@ def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, 
     if serve:
         result.update(served(loaded, samples, N))
         for row in result["trees"]["tree_shapes"]:  # each tree verified by the engine, both canvas layouts
-            if (setting := tree_setting(row)) is not None:
+            if max(row["widths"]) > 1:  # the linear chain: `served` decoded it
+                setting = tree_setting(TreeShape(tuple(row["widths"]), row["spine"]))
                 for layout, key in (("last", "served_tpf_linear"), ("all", "served_tpf_all")):
                     row[key] = served_tpf(loaded, samples, N, layout, setting)
     return result
-
-
-def tree_setting(row: dict) -> str | None:
-    """The `--tree` setting of a shape row (None: the linear chain, which `served` already decodes)."""
-    if max(row["widths"]) == 1:
-        return None
-    return ("spine:" if row["spine"] else "") + ",".join(map(str, row["widths"]))
 
 
 def served(loaded, samples: list[tuple[list[int], int]], draft_len: int) -> dict:

@@ -13,7 +13,7 @@ import torch
 from bdcore.decode.driver import DecodeDriver, DecodeLoop
 from bdcore.decode.rows import Rows, decode_mask
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.tree import build_tree, cut, parse_tree, verify_greedy
+from bdcore.decode.tree import build_tree, cut, parse_tree, tree_setting, verify_greedy
 from bdcore.decode.tree_acceptance import TreeShape
 from bdcore.loading import load_checkpoint
 from inference.native.engine import DecodeConfig, Engine
@@ -55,6 +55,7 @@ def test_tree_rows_by_hand():
     assert (verdict.path, verdict.last, verdict.accepted, verdict.on_spine) == ([0, 1, 2, 3], 42, 3, True)
     assert cut(TreeShape((2,)), 3) == TreeShape((2, 1, 1)) and cut(TreeShape((1, 2)), 1) is None
     assert parse_tree("spine:2,2") == TreeShape((2, 2), spine=True) and parse_tree("4,2") == TreeShape((4, 2))
+    assert all(parse_tree(tree_setting(s)) == s for s in (TreeShape((2, 2), spine=True), TreeShape((4, 2, 1))))
     for bad in ("5", "1,1", "a", "", "spine:"):
         with pytest.raises(ValueError):
             parse_tree(bad)

@@ -169,3 +169,8 @@ def parse_tree(spec: str) -> TreeShape:
             f"tree {spec!r}: widths lie in 1..{CANDIDATES} (the candidates a canvas slot keeps), one above 1"
         )
     return TreeShape(widths, spine)
+
+
+def tree_setting(shape: TreeShape) -> str:
+    """The setting `parse_tree` reads back as `shape` (serve.py's `--tree`)."""
+    return ("spine:" if shape.spine else "") + ",".join(map(str, shape.widths))
