@@ -74,3 +74,60 @@ def test_batched_steps_write_in_place_and_never_read_the_padding(runner, monkeyp
         assert b.length == a.length
         for x, y in zip((*b.keys, *b.values), (*a.keys, *a.values)):
             torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
+
+
+def _prompted(runner, prompts):
+    caches = [SequenceCache() for _ in prompts]
+    for cache, p in zip(caches, prompts):
+        runner.forward([(cache, Forward(Rows().clean(p, 0), len(p)))])
+    return caches
+
+
+def test_a_batch_keeps_its_caches_in_one_slab_and_copies_only_when_it_changes(runner, monkeypatch):
+    """Sequences decoding together are rows of one buffer per layer (bdcore/decode/kv_slab.py): a step with
+    the same sequences copies no cache, a join, a leave or a forward of other caches in between moves them
+    into a new slab once, and a sequence left out of a slab keeps its cache. Every step equals each sequence
+    stepping alone."""
+    from bdcore.decode.kv_slab import BatchSlab
+
+    rebuilds = []
+    real_rebuild = BatchSlab._rebuild
+    monkeypatch.setattr(BatchSlab, "_rebuild", lambda self, c, t: rebuilds.append(len(c)) or real_rebuild(self, c, t))
+    prompts = [[3, 4, 5, 6, 7, 8, 9], [12, 13], [14, 15, 16, 17, 18], [19, 20, 21]]
+    batched, alone = _prompted(runner, prompts), _prompted(runner, prompts)
+    others = _prompted(runner, [[30, 31, 32], [33, 34, 35, 36]])
+    token = iter(range(40, 400))
+
+    def step(members, rows=1):
+        ops = []
+        for i in members:
+            start = next(token)
+            ops.append(Forward(Rows().clean(list(range(start, start + rows)), batched[i].length), rows))
+            for _ in range(rows - 1):
+                next(token)
+        with torch.no_grad():
+            got = runner.forward([(batched[i], op) for i, op in zip(members, ops)])
+            want = [runner.forward([(alone[i], op)])[0] for i, op in zip(members, ops)]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)  # as test_scheduler.py
+
+    step([0, 1, 2])
+    assert rebuilds == [3]
+    rows = [batched[i].room[0] for i in range(3)]  # rows of one tensor: consecutive, a row's size apart
+    assert rows[1].data_ptr() - rows[0].data_ptr() == rows[0].numel() * rows[0].element_size()
+    step([0, 1, 2], rows=2)
+    step([0, 1, 2])
+    assert rebuilds == [3]  # the same batch: no copy
+    with torch.no_grad():  # other caches in between (the cost model's calibration does this)
+        runner.forward([(c, Forward(Rows().clean([50 + i], c.length), 1)) for i, c in enumerate(others)])
+    assert rebuilds == [3, 2]
+    step([0, 1, 2])  # back to the first slab's sequences: their caches were left intact
+    step([0, 2])  # a request left
+    step([0, 2, 3])  # one joined
+    step([0, 2, 3], rows=3)
+    assert rebuilds == [3, 2, 3, 2, 3]
+    step([1])  # alone again: decodes in its row of the old slab, in place
+    for b, a in zip(batched, alone):
+        assert b.length == a.length
+        for x, y in zip((*b.keys, *b.values), (*a.keys, *a.values)):
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)

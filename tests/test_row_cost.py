@@ -212,3 +212,28 @@ def test_live_timings_move_their_own_batch_size_s_curve():
     cost.observe(1, 0.0, 2) or cost.observe(0, 1.0, 2)  # nonsense timings are ignored
     assert 2 not in cost.points
     assert ForwardCost.from_dict(cost.to_dict()).points == cost.points
+
+
+def test_calibration_times_a_batch_after_its_caches_moved_into_their_slab(monkeypatch):
+    """A batch's first forward after another batch moves its caches into a slab of their own (kv_slab.py), a
+    copy a served batch makes only when it changes: calibration runs it untimed before the batch's timed
+    shapes in every round, or the first shape of each batch would be priced with a copy of every cache."""
+    import types
+
+    clock, shapes = [0.0], []
+
+    def forward(batch):
+        rows = len(batch[0][1].rows.tokens)
+        shapes.append((len(batch), rows))
+        moved = len(batch) > 1 and len(shapes) > 1 and shapes[-2][0] != len(batch)  # another batch ran last
+        clock[0] += 9.0 if moved else float(len(batch) * rows)
+
+    runner = types.SimpleNamespace(
+        model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=50)),
+        device=types.SimpleNamespace(type="cpu"),
+        forward=forward,
+    )
+    monkeypatch.setattr("bdcore.decode.cost.time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    cost = calibrate(runner, sizes=(1, 2), batches=(1, 2), context=8, repeats=2, min_seconds=0.0)
+    assert shapes == [(2, 8)] + [(1, 1), (1, 2), (2, 1), (2, 1)] * 3  # the prefill, then each round
+    assert cost.points == {1: {1: 1.0, 2: 2.0}, 2: {1: 2.0}}

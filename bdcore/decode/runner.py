@@ -1,12 +1,13 @@
 """The decode runner: one model forward over the next rows of one or more sequences.
 
 Each sequence keeps its own cache (`SequenceCache`: keys/values per attention layer, gated-delta states, in
-buffers with room for new rows: `SequenceCache.reserve`). A forward right-pads the caches to the longest one
-and the new rows to the longest row list (the model's attention layers write the new keys and values in
-place after them: `written_in_place`), builds each sequence's mask with `decode_mask` (padding is never
-visible; a padding row sees only itself, so no row is empty), runs the model once and keeps each
-sequence's first `keep` new rows. A batch of one is a batch: it decodes in its own cache's buffers, without
-padding or copies. Prompts run in a forward of their own when sequences already decoding share the call
+buffers with room for new rows: `SequenceCache.reserve`). A batch of one decodes in its own cache's buffers;
+sequences decoding together keep theirs as the rows of one buffer per layer (`kv_slab.BatchSlab`), copied
+there once when the batch changes. The model's attention layers write each sequence's new keys and values
+in place right after its own cached tokens (`written_in_place`); the new rows are right-padded to the
+longest row list, each sequence's mask built with `decode_mask` (what lies past a sequence's tokens is never
+visible; a padding row sees only itself, so no row is empty). The model runs once and each sequence keeps
+its first `keep` new rows. Prompts run in a forward of their own when sequences already decoding share the call
 (padding them all to a prompt's length costs more than the second forward). Hybrid models: the gated-delta
 layers get one `DecodePlan` per batch row and run sequence by sequence, exactly as alone; a crop restores
 the state the sequence's last (rollback) forward snapshotted.
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bdcore.decode.gated_delta_layers import DecodePlan, patch_for_decode
+from bdcore.decode.kv_slab import BatchSlab, offsets_index
 from bdcore.decode.rows import Forward, decode_mask
 from bdcore.decode.sampling import ban
 from bdcore.decode.sequence import SequenceCache
@@ -44,6 +46,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.serving_only = False  # set by the engine: see _no_autograd
         self._twin = None  # the base modules of a served draft-adapter model (`_model_for`), made on first use
+        self._slab = BatchSlab()  # the caches of the sequences decoding together
         from transformers import DynamicCache
 
         # Built once and copied blank per forward: building from the config walks it (~1 ms a forward on a CPU,
@@ -99,8 +102,8 @@ class ModelRunner:
         return torch.inference_mode() if self.serving_only else torch.no_grad()
 
     def _forward_padded(self, batch: list[tuple[SequenceCache, Forward]]) -> torch.Tensor:
-        """One model forward over every sequence of `batch`, right-padded to the longest cache and row list:
-        its raw logits [batch, longest row list, V]."""
+        """One model forward over every sequence of `batch`, its new rows right-padded to the longest row list
+        and written after its own cached tokens: its raw logits [batch, longest row list, V]."""
         n, dev = len(batch), self.device
         lengths = [cache.length for cache, _ in batch]
         sizes = [len(op.rows.tokens) for _, op in batch]
@@ -108,17 +111,17 @@ class ModelRunner:
         ids = torch.zeros(n, Q, dtype=torch.long, device=dev)
         pos = torch.zeros(n, Q, dtype=torch.long, device=dev)
         mask = torch.zeros(n, 1, Q, L + Q, dtype=torch.bool, device=dev)
-        mask[:, 0, torch.arange(Q), L + torch.arange(Q)] = True  # padding rows see themselves
+        steps = torch.arange(Q, device=dev)
+        # padding rows see themselves (sequence b's row i is written at column lengths[b] + i)
+        mask[:, 0, steps, torch.tensor(lengths, device=dev)[:, None] + steps] = True
         for b, ((_, op), c, q) in enumerate(zip(batch, lengths, sizes)):
             ids[b, :q] = torch.tensor(op.rows.tokens, device=dev)
             pos[b, :q] = torch.tensor(op.rows.pos, device=dev)
-            m = decode_mask(c, op.rows, self.clean_causal, self.within_block_causal, dev)[0, 0]
             mask[b, 0, :q] = False
-            mask[b, 0, :q, :c] = m[:, :c]
-            mask[b, 0, :q, L : L + q] = m[:, c:]
+            mask[b, 0, :q, : c + q] = decode_mask(c, op.rows, self.clean_causal, self.within_block_causal, dev)[0, 0]
         kv = self._blank_cache()
         if L:
-            self._seat(kv, [cache for cache, _ in batch], lengths, L + Q)
+            self._seat(kv, [cache for cache, _ in batch], lengths, Q)
         masks = mask
         if self.hybrid:
             plans = []
@@ -149,24 +152,14 @@ class ModelRunner:
                 input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=kv, use_cache=True
             )
         for b, (cache, op) in enumerate(batch):
-            keep_to = L + op.keep
-            if n == 1:
-                if L:  # its rows were written into its own buffers
-                    cache.keep(keep_to)
-                else:  # a prompt: the layer's tensor is its new rows, kept as a view
-                    cache.keys = [kv.layers[i].keys[0, :, :keep_to] for i in self.attn_layers]
-                    cache.values = [kv.layers[i].values[0, :, :keep_to] for i in self.attn_layers]
-                continue
-            new_k = [kv.layers[i].keys[b, :, L:keep_to] for i in self.attn_layers]
-            new_v = [kv.layers[i].values[b, :, L:keep_to] for i in self.attn_layers]
-            if L:  # every sequence of a forward without a prompt has a cache: its new rows go in its room
-                c = lengths[b]
-                keys, values = cache.reserve(c + op.keep)
-                for room, new in zip((*keys, *values), (*new_k, *new_v)):
-                    room[:, c : c + op.keep] = new
-                cache.keep(c + op.keep)
+            if L:  # every sequence of a forward without a prompt has a cache: its rows were written in its room
+                cache.keep(lengths[b] + op.keep)
+            elif n == 1:  # a prompt: the layer's tensor is its new rows, kept as a view
+                cache.keys = [kv.layers[i].keys[0, :, : op.keep] for i in self.attn_layers]
+                cache.values = [kv.layers[i].values[0, :, : op.keep] for i in self.attn_layers]
             else:
-                cache.keys, cache.values = [k.clone() for k in new_k], [v.clone() for v in new_v]
+                cache.keys = [kv.layers[i].keys[b, :, : op.keep].clone() for i in self.attn_layers]
+                cache.values = [kv.layers[i].values[b, :, : op.keep].clone() for i in self.attn_layers]
         return out.logits
 
     def _model_for(self, drafts: bool):
@@ -181,43 +174,37 @@ class ModelRunner:
                 patch_for_decode(self._twin)
         return self._twin
 
-    def _seat(self, kv, caches: list[SequenceCache], lengths: list[int], total: int) -> None:
+    def _seat(self, kv, caches: list[SequenceCache], lengths: list[int], rows: int) -> None:
         """Give every attention layer of the forward's cache (`kv`) the sequences' keys/values in buffers with
-        room for the new rows, which the model's update then writes in place (`written_in_place`): a batch of
-        one decodes in its own cache's buffers (no copy), a batch in buffers right-padded to the longest
-        cache (one copy of each cache; the padding zeroed: it is never visible, but an empty buffer's NaN
-        times a zero attention weight would still be NaN)."""
+        room for `rows` new rows after each, which the model's update then writes in place (`written_in_place`):
+        a batch of one decodes in its own cache's buffers, a batch in the rows of the slab (`BatchSlab`: no copy
+        while the batch stays the same)."""
         layer_type = written_in_place()
+        total = max(lengths) + rows
         if len(caches) == 1:
             keys, values = caches[0].reserve(total)
-            for j, i in enumerate(self.attn_layers):
-                kv.layers[i] = layer_type(keys[j][None, :, :total], values[j][None, :, :total], lengths[0])
-            return
-        longest = max(lengths)
+            keys, values = [k[None] for k in keys], [v[None] for v in values]
+        else:
+            keys, values = self._slab.seat(caches, total)
+        where = offsets_index(lengths, rows, self.device)
         for j, i in enumerate(self.attn_layers):
-            buffers = []
-            for which in ("keys", "values"):
-                like = getattr(caches[0], which)[j]
-                buffer = like.new_empty(len(caches), like.shape[0], total, like.shape[2])
-                for b, (cache, length) in enumerate(zip(caches, lengths)):
-                    buffer[b, :, :length] = getattr(cache, which)[j]
-                    buffer[b, :, length:longest].zero_()
-                buffers.append(buffer)
-            kv.layers[i] = layer_type(*buffers, longest)
+            kv.layers[i] = layer_type(keys[j][:, :, :total], values[j][:, :, :total], max(lengths), where)
 
 
 @functools.cache
 def written_in_place() -> type:
     """The attention cache layer of a decode forward (a subclass of transformers' `DynamicLayer`, made on
     first use: bdcore imports no transformers internals at import time): it holds buffers [batch, heads,
-    total, d] whose first `length` tokens are the cached ones, and `update` writes the forward's new rows
-    after them in place, where `DynamicLayer` concatenates (a copy of the whole cache per layer per forward)."""
+    total, d] whose first `length` tokens (the longest cache's) hold the cached ones, and `update` writes the
+    forward's new rows in place, where `DynamicLayer` concatenates (a copy of the whole cache per layer per
+    forward): after `length` tokens, or where `where` (`kv_slab.offsets_index`) puts each sequence's, right
+    after its own cache. The attention reads the first `length` + new rows tokens of every row."""
     from transformers.cache_utils import DynamicLayer
 
     class WrittenInPlace(DynamicLayer):
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int, where=None):
             super().__init__()
-            self._room, self._length = (keys, values), length
+            self._room, self._length, self._where = (keys, values), length, where
             self.dtype, self.device = keys.dtype, keys.device
             self.keys, self.values = keys[:, :, :length], values[:, :, :length]
             self.is_initialized = True
@@ -225,8 +212,13 @@ def written_in_place() -> type:
         def update(self, key_states, value_states, *args, **kwargs):
             end = self._length + key_states.shape[-2]
             keys, values = self._room
-            keys[:, :, self._length : end] = key_states
-            values[:, :, self._length : end] = value_states
+            if self._where is None:
+                keys[:, :, self._length : end] = key_states
+                values[:, :, self._length : end] = value_states
+            else:
+                batch, tokens = self._where
+                keys[batch, :, tokens] = key_states.transpose(1, 2)
+                values[batch, :, tokens] = value_states.transpose(1, 2)
             self.keys, self.values = keys[:, :, :end], values[:, :, :end]
             return self.keys, self.values
 

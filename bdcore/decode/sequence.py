@@ -151,7 +151,7 @@ class SequenceCache:
         a quarter more memory than the cache (doubling would hold twice a long context's KV on a GPU).
         Needs a cache with keys."""
         half = len(self.keys)
-        if not self._in_room() or self.room[0].shape[1] < total:
+        if not self.in_room() or self.room[0].shape[1] < total:
             n, cached = self.length, (*self.keys, *self.values)
             room = total + max(total // 4, 64)
             self.room = [t.new_empty(t.shape[0], room, t.shape[2]) for t in cached]
@@ -166,7 +166,7 @@ class SequenceCache:
         self.keys = [b[:, :length] for b in self.room[:half]]
         self.values = [b[:, :length] for b in self.room[half:]]
 
-    def _in_room(self) -> bool:
+    def in_room(self) -> bool:
         """`keys`/`values` are still views of `room` (a runner may hand a cache tensors of its own; every
         change to a cache changes all its layers alike, so the first layer's keys and values tell)."""
         if not self.room or not self.keys or len(self.room) != 2 * len(self.keys):
