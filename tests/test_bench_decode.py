@@ -13,7 +13,19 @@ from tests.test_draft_adapter import draft_checkpoint
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
 
 
-def test_the_baseline_and_the_in_process_engine_beside_the_server(demo_kit, tmp_path, capsys):
+def test_the_baseline_and_the_in_process_engine_beside_the_server(demo_kit, tmp_path, capsys, monkeypatch):
+    from dataclasses import replace
+
+    from inference.native.engine import Engine
+    from inference.serve import build_parser, native_decode
+
+    built = []  # the in-process engines' settings: the server's, in the request's mode (session 48: the
+    real_init = Engine.__init__  # in-process self-spec ran a fixed layout beside the server's auto)
+    monkeypatch.setattr(
+        Engine,
+        "__init__",
+        lambda self, loaded, decode=None, **k: built.append(decode) or real_init(self, loaded, decode, **k),
+    )
     ckpt = draft_checkpoint(tmp_path / "draft", "qwen3")
     out = tmp_path / "r.json"
     argv = [str(ckpt), "--prompts", str(demo_kit / "eval.jsonl"), "--num", "3", "--max-tokens", "8"]
@@ -22,6 +34,9 @@ def test_the_baseline_and_the_in_process_engine_beside_the_server(demo_kit, tmp_
     record = tmp_path / "record.json"
     assert bench_decode.main([*argv, "--json", str(out), "--record", str(record)]) == 0
     rows = {(r["mode"], r["concurrency"]): r for r in json.loads(out.read_text())}
+    server = native_decode(build_parser().parse_args([str(ckpt)]))
+    assert built == [replace(server, mode="causal"), replace(server, mode="self-spec")]
+    assert built[1].draft_len == built[1].self_spec_canvases == built[1].tree == "auto"
     assert [len(rows[("self-spec", c)]["vs_causal_by_round"]) for c in (1, 2)] == [2, 2]
     recorded = {(r["variant"], r["concurrency"]): r for r in load_record(record)["rows"]}
     assert set(recorded) == {(m, c) for m in ("base generate", "causal", "self-spec auto") for c in (1, 2)}

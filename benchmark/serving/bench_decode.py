@@ -181,23 +181,29 @@ def _baseline(args, prompts):
 def _in_process(args):
     """A function of (mode, concurrency) giving a runner of the same requests on the native engine in this
     process (warmed up): one at a time with `Engine.generate`, or `concurrency` in flight on its batched
-    scheduler, as the server runs them."""
+    scheduler, as the server runs them, with the server's decode settings (its defaults and `--server-args`,
+    the request's mode: self-spec chooses its layout each step, trees included)."""
+    from dataclasses import replace
+
     from transformers import AutoTokenizer
 
     from bdcore.chat import chat_ids
-    from bdcore.decode.config import DecodeConfig
     from bdcore.decode.sampling import SamplingParams
     from bdcore.loading import load_checkpoint, serving_dtype
     from benchmark.self_spec_canvases import _generator
     from inference.native.engine import Engine
+    from inference.serve import build_parser, native_decode
 
+    server = native_decode(build_parser().parse_args([args.checkpoint, *args.server_args.split()]))
     loaded = load_checkpoint(args.checkpoint, device=args.device, dtype=serving_dtype(args.dtype, args.device))
     tok = AutoTokenizer.from_pretrained(args.checkpoint)
     params = SamplingParams(max_tokens=args.max_tokens)
     engines: dict[str, Engine] = {}
 
     def runner(mode: str, concurrency: int, warm_up: list):
-        gen = _generator(engines.setdefault(mode, Engine(loaded, DecodeConfig(mode=mode))), concurrency)
+        if mode not in engines:  # one engine a mode, for every concurrency
+            engines[mode] = Engine(loaded, replace(server, mode=mode))
+        gen = _generator(engines[mode], concurrency)
 
         def run(items):
             gens, wall = gen([chat_ids(tok, msgs) for msgs, _ in items], params)
