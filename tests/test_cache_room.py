@@ -83,20 +83,16 @@ def _prompted(runner, prompts):
     return caches
 
 
-def test_a_batch_keeps_its_caches_in_one_slab_and_copies_only_when_it_changes(runner, monkeypatch):
+def test_a_batch_keeps_its_caches_in_one_slab_and_moves_only_what_changed(runner):
     """Sequences decoding together are rows of one buffer per layer (bdcore/decode/kv_slab.py): a step with
-    the same sequences copies no cache, a join, a leave or a forward of other caches in between moves them
-    into a new slab once, and a sequence left out of a slab keeps its cache. Every step equals each sequence
-    stepping alone."""
-    from bdcore.decode.kv_slab import BatchSlab
-
-    rebuilds = []
-    real_rebuild = BatchSlab._rebuild
-    monkeypatch.setattr(BatchSlab, "_rebuild", lambda self, c, t: rebuilds.append(len(c)) or real_rebuild(self, c, t))
+    the same sequences copies no cache; a join copies the newcomer into a free row, a leave moves a sequence
+    from past the batch's rows into the free one, a forward of other caches in between takes rows whose
+    sequences first get copies of their own. Every step equals each sequence stepping alone."""
     prompts = [[3, 4, 5, 6, 7, 8, 9], [12, 13], [14, 15, 16, 17, 18], [19, 20, 21]]
     batched, alone = _prompted(runner, prompts), _prompted(runner, prompts)
     others = _prompted(runner, [[30, 31, 32], [33, 34, 35, 36]])
     token = iter(range(40, 400))
+    base = runner.slab.copies  # the runner is the module's: earlier tests' copies counted
 
     def step(members, rows=1):
         ops = []
@@ -110,23 +106,20 @@ def test_a_batch_keeps_its_caches_in_one_slab_and_copies_only_when_it_changes(ru
             want = [runner.forward([(alone[i], op)])[0] for i, op in zip(members, ops)]
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)  # as test_scheduler.py
+        return runner.slab.copies - base
 
-    step([0, 1, 2])
-    assert rebuilds == [3]
+    assert step([0, 1, 2]) == 3  # every cache copied in once
     rows = [batched[i].room[0] for i in range(3)]  # rows of one tensor: consecutive, a row's size apart
     assert rows[1].data_ptr() - rows[0].data_ptr() == rows[0].numel() * rows[0].element_size()
-    step([0, 1, 2], rows=2)
-    step([0, 1, 2])
-    assert rebuilds == [3]  # the same batch: no copy
+    assert step([0, 1, 2], rows=2) == step([0, 1, 2]) == 3  # the same batch: no copy
     with torch.no_grad():  # other caches in between (the cost model's calibration does this)
         runner.forward([(c, Forward(Rows().clean([50 + i], c.length), 1)) for i, c in enumerate(others)])
-    assert rebuilds == [3, 2]
-    step([0, 1, 2])  # back to the first slab's sequences: their caches were left intact
-    step([0, 2])  # a request left
-    step([0, 2, 3])  # one joined
-    step([0, 2, 3], rows=3)
-    assert rebuilds == [3, 2, 3, 2, 3]
-    step([1])  # alone again: decodes in its row of the old slab, in place
+    assert runner.slab.copies - base == 5
+    assert step([0, 1, 2]) == 7  # back in their rows, their caches intact
+    assert step([0, 2]) == 8  # a request left: the one past the batch's rows moved into its row
+    assert step([2, 0, 3]) == 9  # one joined (and any order is the rows' order)
+    assert step([0, 2, 3], rows=3) == 9
+    step([1])  # alone: decodes in the copy it got when it lost its row
     for b, a in zip(batched, alone):
         assert b.length == a.length
         for x, y in zip((*b.keys, *b.values), (*a.keys, *a.values)):

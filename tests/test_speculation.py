@@ -463,3 +463,41 @@ def test_a_request_that_went_causal_drafts_again_after_a_while():
         spec.plan([decoder], [])
         picks.append(decoder.layout.drafts)
     assert picks[:PROBE_EVERY] == [0] * PROBE_EVERY and picks[PROBE_EVERY] > 0
+
+
+def test_probes_back_off_while_causal_steps_stay_the_faster():
+    """Where drafting never pays (rows priced ten times a causal step), `auto` still probes (a drafting step
+    and its verify) to re-measure acceptance, after 32 causal steps, then twice as many after each probe it
+    does not follow, up to 512; once drafting pays, it drafts of its own accord and probes at the base rate."""
+    from types import SimpleNamespace
+
+    from bdcore.decode.driver import Speculation
+    from bdcore.decode.speculation import MAX_PROBE_EVERY, PROBE_EVERY, AutoDraft
+
+    spec = Speculation(ForwardCost({2: {1: 1.0, 2: 10.0, 64: 100.0}}), prior=[0.6])
+    batch = [SimpleNamespace(seq=SimpleNamespace(params=SimpleNamespace(greedy=True))) for _ in range(2)]
+    for d in batch:
+        spec.attach(d, AutoDraft(max_drafts=3, canvases="last", fixed_drafts=None))
+    drafted = []
+    for _ in range(1600):
+        spec.plan(batch, [])
+        drafted.append(any(d.layout.canvas for d in batch))
+    text = "".join("d" if x else "." for x in drafted)
+    gaps = [len(run) for run in text.split("dd")]
+    assert gaps[:-1] == [PROBE_EVERY, 64, 128, 256, MAX_PROBE_EVERY, MAX_PROBE_EVERY] and "ddd" not in text
+    spec.cost = spec.policy.cost = ForwardCost({2: {1: 1.0, 64: 1.0}})  # rows free: drafting pays
+    spec.plan(batch, [])
+    assert all(d.layout.canvas for d in batch) and spec.probe_every == PROBE_EVERY
+
+
+def test_the_policy_follows_a_request_s_rates_as_they_change():
+    """The policy keeps each request's evaluated layouts while its rates stay the same (`_memo`), and evaluates
+    again once they change: the same options list, alone and in a batch, first with drafts that always fail
+    (causal steps), then with drafts that are nearly always right (drafting)."""
+    policy = SpeculationPolicy(ForwardCost({1: {1: 1.0, 16: 3.0}, 2: {1: 1.0, 16: 3.0}}))
+    options = layouts(3, "last", None)
+    for batch in (1, 2):
+        opts = [options] * batch
+        assert all(o.drafts == 0 for o in policy.choose([[0.05] * 3] * batch, opts))
+        assert all(o.drafts == 3 for o in policy.choose([[0.95] * 3] * batch, opts))
+        assert all(o.drafts == 0 for o in policy.choose([[0.05] * 3] * batch, opts))

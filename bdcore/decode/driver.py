@@ -23,7 +23,7 @@ from bdcore.decode.acceptance import DraftAcceptance
 from bdcore.decode.config import AUTO
 from bdcore.decode.cost import LIVE_WEIGHT, ForwardCost
 from bdcore.decode.modes import Decoder, SelfSpecDecoder
-from bdcore.decode.speculation import PROBE_EVERY, AutoDraft, Layout, SpeculationPolicy, layouts
+from bdcore.decode.speculation import MAX_PROBE_EVERY, PROBE_EVERY, AutoDraft, Layout, SpeculationPolicy, layouts
 
 POOL_CAP = 4096  # observations of draft 1 (per draft source) pooled before old ones are halved away (drift)
 
@@ -39,6 +39,8 @@ class Speculation:
         self.overhead = 0.0  # seconds a decode step spends outside its forward (moving average)
         self.causal_run = 0  # planned steps in a row in which no request drafted
         self.probe_steps = 0  # steps left of a probe (drafting forced)
+        self.probe_every = PROBE_EVERY  # causal steps before the next probe (doubles while probes find nothing)
+        self._probed = False  # a probe just ended: the next plan says whether it found drafting worth it
 
     def observe_overhead(self, seconds: float) -> None:
         """Time a decode step spends outside its forward (taking logits, scheduling, a server's streaming):
@@ -62,8 +64,9 @@ class Speculation:
         if not auto:
             return
         other_rows = max(fixed_rows, default=1)
-        if self.causal_run >= PROBE_EVERY:  # re-measure acceptance now and then, or causal is forever:
+        if self.causal_run >= self.probe_every:  # re-measure acceptance now and then, or causal is forever:
             self.probe_steps = 2  # a step that drafts, then one that verifies those drafts
+        probing = self.probe_steps > 0
         options = []
         rates = [d.estimate.rates(d.auto.max_drafts) for d in auto]
         for d, r in zip(auto, rates):
@@ -80,6 +83,14 @@ class Speculation:
         # Counted over the engine, not per request: requests shorter than PROBE_EVERY steps would never probe.
         drafted = any(d.layout.canvas for d in auto)
         self.causal_run = 0 if drafted else self.causal_run + 1
+        # A probe costs a drafting step and a verify step at the price of their rows, and where causal steps
+        # are the faster (8 requests in flight on a CPU) it buys nothing: probe half as often after each probe
+        # the policy does not follow, at the base rate again once it drafts of its own accord.
+        if self._probed and not probing:
+            self.probe_every = PROBE_EVERY if drafted else min(2 * self.probe_every, MAX_PROBE_EVERY)
+        elif drafted and not probing:
+            self.probe_every = PROBE_EVERY
+        self._probed = probing and self.probe_steps == 0
 
     def observe(self, decoders: list[Decoder]) -> None:
         """Pool what this forward's verify steps accepted."""

@@ -2,13 +2,14 @@
 
 Each sequence keeps its own cache (`SequenceCache`: keys/values per attention layer, gated-delta states, in
 buffers with room for new rows: `SequenceCache.reserve`). A batch of one decodes in its own cache's buffers;
-sequences decoding together keep theirs as the rows of one buffer per layer (`kv_slab.BatchSlab`), copied
-there once when the batch changes. The model's attention layers write each sequence's new keys and values
-in place right after its own cached tokens (`written_in_place`); the new rows are right-padded to the
-longest row list, each sequence's mask built with `decode_mask` (what lies past a sequence's tokens is never
-visible; a padding row sees only itself, so no row is empty). The model runs once and each sequence keeps
-its first `keep` new rows. Prompts run in a forward of their own when sequences already decoding share the call
-(padding them all to a prompt's length costs more than the second forward). Hybrid models: the gated-delta
+sequences decoding together keep theirs as the rows of one buffer per layer (`kv_slab.BatchSlab`: a join
+copies the newcomer into a free row), and a forward runs them in their rows' order. The model's attention
+layers write each sequence's new keys and values in place right after its own cached tokens
+(`written_in_place`); the new rows are right-padded to the longest row list, each sequence's mask built with
+`decode_mask` (what lies past a sequence's tokens is never visible; a padding row sees only itself, so no
+row is empty). The model runs once and each sequence keeps its first `keep` new rows. Prompts run in a
+forward of their own when sequences already decoding share the call (padding them all to a prompt's length
+costs more than the second forward). Hybrid models: the gated-delta
 layers get one `DecodePlan` per batch row and run sequence by sequence, exactly as alone; a crop restores
 the state the sequence's last (rollback) forward snapshotted.
 """
@@ -46,7 +47,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.serving_only = False  # set by the engine: see _no_autograd
         self._twin = None  # the base modules of a served draft-adapter model (`_model_for`), made on first use
-        self._slab = BatchSlab()  # the caches of the sequences decoding together
+        self.slab = BatchSlab()  # the caches of the sequences decoding together
         from transformers import DynamicCache
 
         # Built once and copied blank per forward: building from the config walks it (~1 ms a forward on a CPU,
@@ -105,6 +106,11 @@ class ModelRunner:
         """One model forward over every sequence of `batch`, its new rows right-padded to the longest row list
         and written after its own cached tokens: its raw logits [batch, longest row list, V]."""
         n, dev = len(batch), self.device
+        seats, slab = None, None
+        if n > 1 and batch[0][0].length:  # decoding together (prompts run apart): in their rows of the slab,
+            total = max(c.length for c, _ in batch) + max(len(op.rows.tokens) for _, op in batch)
+            seats, slab = self.slab.seat([cache for cache, _ in batch], total)
+            batch = [batch[i] for i in sorted(range(n), key=seats.__getitem__)]  # in row order
         lengths = [cache.length for cache, _ in batch]
         sizes = [len(op.rows.tokens) for _, op in batch]
         L, Q = max(lengths), max(sizes)
@@ -121,7 +127,7 @@ class ModelRunner:
             mask[b, 0, :q, : c + q] = decode_mask(c, op.rows, self.clean_causal, self.within_block_causal, dev)[0, 0]
         kv = self._blank_cache()
         if L:
-            self._seat(kv, [cache for cache, _ in batch], lengths, Q)
+            self._seat(kv, batch[0][0] if slab is None else slab, lengths, Q)
         masks = mask
         if self.hybrid:
             plans = []
@@ -160,6 +166,8 @@ class ModelRunner:
             else:
                 cache.keys = [kv.layers[i].keys[b, :, : op.keep].clone() for i in self.attn_layers]
                 cache.values = [kv.layers[i].values[b, :, : op.keep].clone() for i in self.attn_layers]
+        if seats is not None and seats != sorted(seats):  # back to the caller's order
+            return out.logits[torch.tensor(seats, device=dev)]
         return out.logits
 
     def _model_for(self, drafts: bool):
@@ -174,18 +182,18 @@ class ModelRunner:
                 patch_for_decode(self._twin)
         return self._twin
 
-    def _seat(self, kv, caches: list[SequenceCache], lengths: list[int], rows: int) -> None:
+    def _seat(self, kv, room, lengths: list[int], rows: int) -> None:
         """Give every attention layer of the forward's cache (`kv`) the sequences' keys/values in buffers with
         room for `rows` new rows after each, which the model's update then writes in place (`written_in_place`):
-        a batch of one decodes in its own cache's buffers, a batch in the rows of the slab (`BatchSlab`: no copy
-        while the batch stays the same)."""
+        `room` is a batch of one's own cache (its buffers, grown if need be), or a batch's rows of the slab
+        (`BatchSlab.seat`: keys' then values' buffers per attention layer)."""
         layer_type = written_in_place()
         total = max(lengths) + rows
-        if len(caches) == 1:
-            keys, values = caches[0].reserve(total)
+        if isinstance(room, SequenceCache):
+            keys, values = room.reserve(total)
             keys, values = [k[None] for k in keys], [v[None] for v in values]
         else:
-            keys, values = self._slab.seat(caches, total)
+            keys, values = room[: len(room) // 2], room[len(room) // 2 :]
         where = offsets_index(lengths, rows, self.device)
         for j, i in enumerate(self.attn_layers):
             kv.layers[i] = layer_type(keys[j][:, :, :total], values[j][:, :, :total], max(lengths), where)
