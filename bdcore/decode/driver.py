@@ -86,10 +86,10 @@ class Speculation:
         # A probe costs a drafting step and a verify step at the price of their rows, and where causal steps
         # are the faster (8 requests in flight on a CPU) it buys nothing: probe half as often after each probe
         # the policy does not follow, at the base rate again once it drafts of its own accord.
-        if self._probed and not probing:
-            self.probe_every = PROBE_EVERY if drafted else min(2 * self.probe_every, MAX_PROBE_EVERY)
-        elif drafted and not probing:
+        if not probing and drafted:
             self.probe_every = PROBE_EVERY
+        elif not probing and self._probed:
+            self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
         self._probed = probing and self.probe_steps == 0
 
     def observe(self, decoders: list[Decoder]) -> None:

@@ -9,7 +9,7 @@ of its row, so a step with the same sequences as the last reads and writes in pl
 When the batch changes, only what must move moves: a sequence that joins is copied into a free row (the
 row of one that left), and one that sits past the batch's rows moves into such a row; the others stay where
 they are, and the forward runs its sequences in row order. A whole new slab, every cache copied once, is
-made only when the rows or their room run out (a quarter more room than asked, as `SequenceCache.reserve`).
+made only when the rows or their room run out (with `room_for`'s room, as `SequenceCache.reserve`).
 Copying every cache at every join or leave cost ~12-24 ms on a 65 ms step at 8 requests; moving one costs
 about 1 ms.
 
@@ -23,7 +23,7 @@ import weakref
 
 import torch
 
-from bdcore.decode.sequence import SequenceCache
+from bdcore.decode.sequence import SequenceCache, room_for
 
 
 class BatchSlab:
@@ -89,9 +89,9 @@ class BatchSlab:
             self._buffers, self._members = [], []
 
     def _rebuild(self, caches: list[SequenceCache], total: int) -> None:
-        """A new slab of these caches' rows, a quarter (at least 64 tokens) longer than asked, the caches
-        copied in. Sequences of the old slab not among them keep its rows, which no one writes again."""
-        capacity = total + max(total // 4, 64)
+        """A new slab of these caches' rows, `room_for(total)` tokens long, the caches copied in. Sequences of
+        the old slab not among them keep its rows, which no one writes again."""
+        capacity = room_for(total)
         self._buffers = [
             t.new_zeros(len(caches), t.shape[0], capacity, t.shape[2]) for t in (*caches[0].keys, *caches[0].values)
         ]

@@ -125,6 +125,13 @@ class AnswerTokens:
         return self.finish is not None
 
 
+def room_for(total: int) -> int:
+    """Tokens of room for a cache that must hold `total`: a quarter (at least 64 tokens) more, so growing is
+    one copy amortised over the steps that follow, and at most a quarter more memory than the cache (doubling
+    would hold twice a long context's KV on a GPU)."""
+    return total + max(total // 4, 64)
+
+
 @dataclass
 class SequenceCache:
     """A sequence's committed keys/values per attention layer and its gated-delta layers' states."""
@@ -146,14 +153,12 @@ class SequenceCache:
 
     def reserve(self, total: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Buffers (keys', values') with room for `total` tokens, whose first `length` are the cached ones;
-        `keys`/`values` are kept as views of them. A cache without room moves into new buffers a quarter
-        (at least 64 tokens) longer than asked: one copy, amortised over the steps that follow, and at most
-        a quarter more memory than the cache (doubling would hold twice a long context's KV on a GPU).
-        Needs a cache with keys."""
+        `keys`/`values` are kept as views of them. A cache without room moves into new buffers of
+        `room_for(total)` tokens. Needs a cache with keys."""
         half = len(self.keys)
         if not self.in_room() or self.room[0].shape[1] < total:
             n, cached = self.length, (*self.keys, *self.values)
-            room = total + max(total // 4, 64)
+            room = room_for(total)
             self.room = [t.new_empty(t.shape[0], room, t.shape[2]) for t in cached]
             for buffer, t in zip(self.room, cached):
                 buffer[:, :n] = t
