@@ -4,7 +4,7 @@ A decode step drafts a few rows, where the adapter's cost is a count of calls ra
 SmolLM2-135M has 210 adapted projections, and at a few rows each of its torch calls costs microseconds of
 dispatch whatever it computes (a drafting forward paid ~13 ms over a ~40 ms base forward in session 43).
 So a served projection:
-- runs its base weight with `F.linear` itself (no wrapper module call);
+- runs its base layer's forward itself (no module call, no hooks: a served model has none);
 - keeps the factors of a 16-bit model in fp32 (a CPU's bf16 matmul pays ~15 us a call at a few rows, fp32
   ~3; drafts only, the served tokens stay the base model's);
 - keeps B as (scaling * B)^T, contiguous, so one `mm` and one in-place add over the drafting rows finish it
@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 
 from bdcore.draft_adapter import ADAPTER_NAME, SERVED_ATTR, draft_gate, draft_rows
 
@@ -59,11 +58,11 @@ class _ServedProjection:
     """One adapted projection's served forward (`_gated_lora_forward` hands it the call)."""
 
     def __init__(self, module, group: _InputGroup, columns: slice, b: torch.Tensor):
-        self.weight, self.bias = module.base_layer.weight, module.base_layer.bias
+        self.base = module.base_layer  # its own forward: a packed one (`bdcore.decode.packed_linear`) where packed
         self.group, self.columns, self.b = group, columns, b
 
     def __call__(self, module, x: torch.Tensor) -> torch.Tensor:
-        result = F.linear(x, self.weight, self.bias)
+        result = self.base.forward(x)
         kind, index, run = draft_gate(module).plan(x.shape)
         if kind == "none":
             return result
@@ -91,7 +90,7 @@ def prepare_serving(model) -> None:
         if hasattr(m, "lora_A")
         and ADAPTER_NAME in m.lora_A
         and draft_gate(m) is not None
-        and type(getattr(m, "base_layer", None)) is torch.nn.Linear
+        and isinstance(getattr(m, "base_layer", None), torch.nn.Linear)
         and m.lora_B[ADAPTER_NAME].bias is None
     ]
     for members in _shared_inputs(model, adapted):
