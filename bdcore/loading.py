@@ -159,7 +159,7 @@ def load_checkpoint(
             raise CheckpointError(str(e)) from e
     model = model.to(dev).eval()
     if packed:
-        pack_linears(model)  # before the adapter's served path, which runs its base layers' own forward
+        pack_linears(model)
     if sidecar is not None and sidecar.draft_adapter is not None:
         # drafts only: the served tokens stay the base model's whatever the cut (docs/design.md 8.13)
         truncate_adapter(model, draft_energy)

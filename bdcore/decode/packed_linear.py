@@ -47,14 +47,22 @@ class PackedLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if x.dtype is not torch.bfloat16 or w.dtype is not torch.bfloat16 or not x.is_cpu or not w.is_cpu:
+        if (
+            x.dtype is not torch.bfloat16
+            or w.dtype is not torch.bfloat16
+            or not (x.is_cpu and w.is_cpu)
+            or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))  # the packed op has no backward
+        ):
             return F.linear(x, w, self.bias)
-        if torch.is_grad_enabled() and (w.requires_grad or x.requires_grad):
-            return F.linear(x, w, self.bias)  # the packed op has no backward
         packed = self._packed
         if packed is None or packed[0] is not w or packed[1] != w._version:
-            packed = self._packed = (w, w._version, torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_HINT))
+            packed = self._packed = _pack(w)
         return torch.ops.mkldnn._linear_pointwise(x, packed[2], self.bias, "none", [], "")
+
+
+def _pack(w: torch.Tensor) -> tuple:
+    """`PackedLinear._packed` for weight `w`: the weight, its version now, its packed copy."""
+    return w, w._version, torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_HINT)
 
 
 def pack_linears(model: torch.nn.Module) -> int:
@@ -68,8 +76,7 @@ def pack_linears(model: torch.nn.Module) -> int:
     for m in linears:
         if m.weight.dtype is torch.bfloat16 and m.weight.is_cpu:
             m.__class__ = PackedLinear
-            w = m.weight
-            m._packed = (w, w._version, torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_HINT))
+            m._packed = _pack(m.weight)
             count += 1
     return count
 
