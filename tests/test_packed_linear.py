@@ -76,6 +76,16 @@ def test_gradients_and_other_dtypes_run_plain_linear():
     assert torch.equal(packed(x.float()), F.linear(x.float(), packed.weight, packed.bias))
 
 
+@needs_packing
+def test_another_device_runs_plain_linear():
+    """A packed module moved off the CPU (here to `meta`, where no data exists) runs `F.linear` there, never
+    its CPU packed copy."""
+    packed = _packed(torch.nn.Linear(32, 16).to(torch.bfloat16)).to("meta")
+    with torch.inference_mode():
+        y = packed(torch.empty(2, 32, dtype=torch.bfloat16, device="meta"))
+    assert y.device.type == "meta" and y.shape == (2, 16)
+
+
 def test_fp32_models_are_left_plain():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8).to(torch.bfloat16))
     packed = pack_linears(model)
