@@ -312,6 +312,14 @@ def load_draft_adapter(model, directory: Path, mask_id: int):
     from safetensors.torch import load_file
 
     config = LoraConfig.from_pretrained(str(directory))
+    # The adapter is rebuilt from r and lora_alpha alone (`LoraSpec`, what the trainer writes): a config asking
+    # peft for another scale or term would be served as plain LoRA, silently unlike what was trained.
+    for key in ("use_rslora", "use_dora", "rank_pattern", "alpha_pattern"):
+        if getattr(config, key, None):
+            raise ValueError(
+                f"{directory / 'adapter_config.json'} sets {key}; the native engine serves the plain LoRA bdstack "
+                "trains (one r and lora_alpha, each term scaled by lora_alpha / r): retrain without it"
+            )
     spec = LoraSpec(rank=config.r, alpha=config.lora_alpha, targets=_targets(config), draft_only=True)
     add_lora(model, spec, mask_id)
     saved = load_file(str(directory / "adapter_model.safetensors"))

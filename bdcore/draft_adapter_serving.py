@@ -141,7 +141,11 @@ def truncate_adapter(model, energy: float) -> dict[str, int]:
         if not (hasattr(m, "lora_A") and ADAPTER_NAME in m.lora_A) or energy == 1.0:
             continue
         a, b = m.lora_A[ADAPTER_NAME].weight, m.lora_B[ADAPTER_NAME].weight
-        u, s, vh = torch.linalg.svd(b.detach().double() @ a.detach().double(), full_matrices=False)
+        term = b.detach().double() @ a.detach().double()
+        # the loaders refuse non-finite adapter files (`check_draft_adapter`); a model trained in-process may hold one
+        if not torch.isfinite(term).all():
+            raise ValueError(f"{name}: the LoRA term holds non-finite values; a draft adapter must be finite to serve")
+        u, s, vh = torch.linalg.svd(term, full_matrices=False)
         share = (s**2).cumsum(0) / (s**2).sum().clamp_min(1e-300)
         r = min(int((share < energy).sum()) + 1, a.shape[0])
         root = s[:r].sqrt()

@@ -15,15 +15,16 @@ from bdcore.checkpoint_files import (
     RESAVE,
     CheckpointError,
     check_model_dir,
+    config_value,
     first_line,
     missing_tokenizer,
-    safetensors_header,
     weight_files,
 )
 from bdcore.decode.acceptance import read_draft_prior
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.packed_linear import pack_linears
 from bdcore.draft_adapter import load_draft_adapter
+from bdcore.draft_adapter_files import check_draft_adapter
 from bdcore.draft_adapter_serving import DRAFT_ENERGY, prepare_serving, truncate_adapter
 from bdcore.serving_gate import resolve
 from bdcore.sidecar import SIDECAR_NAME, Sidecar, read_sidecar
@@ -113,9 +114,10 @@ def _unreadable_weights(path: Path) -> Path | None:
 
 def check_checkpoint(path: str | os.PathLike) -> tuple[dict, PreTrainedTokenizerBase, Sidecar | None]:
     """Everything a loader checks before the weights, in one place: the files (`check_model_dir`: a bad
-    one is named before transformers reads it), the tokenizer, and the sidecar against both. Returns
-    config.json, the tokenizer and the sidecar (None: a plain AR checkpoint). The native engine loads the
-    weights next; the SGLang and vLLM command builders stop here (their engines read the weights)."""
+    one is named before transformers reads it), the tokenizer, the sidecar against both, and the draft adapter
+    it names (`check_draft_adapter`: its config, files and finite weights). Returns config.json, the tokenizer
+    and the sidecar (None: a plain AR checkpoint). The native engine loads the weights next; the SGLang and
+    vLLM command builders stop here (their engines read the weights)."""
     path = Path(path)
     config = check_model_dir(path)
     tok = load_tokenizer(path)
@@ -123,6 +125,14 @@ def check_checkpoint(path: str | os.PathLike) -> tuple[dict, PreTrainedTokenizer
     if sidecar is not None:
         sidecar.check_tokenizer(tok)
         sidecar.check_model(config)
+    if sidecar is not None and sidecar.draft_adapter is not None:
+        adapter = path / sidecar.draft_adapter
+        if not (adapter / "adapter_config.json").is_file():
+            raise CheckpointError(
+                f"{path / SIDECAR_NAME} names the draft adapter {sidecar.draft_adapter!r}, but {adapter} holds no "
+                "adapter_config.json; copy the whole checkpoint directory"
+            )
+        check_draft_adapter(adapter, config_value(config, "hidden_size"))
     return config, tok, sidecar
 
 
@@ -145,16 +155,8 @@ def load_checkpoint(
     dev = torch.device(device)
     model = load_weights(path, dtype=resolve_dtype(dtype, dev), attn_implementation="sdpa")
     if sidecar is not None and sidecar.draft_adapter is not None:
-        adapter = path / sidecar.draft_adapter
-        if not (adapter / "adapter_config.json").is_file():
-            raise CheckpointError(
-                f"{path / SIDECAR_NAME} names the draft adapter {sidecar.draft_adapter!r}, but {adapter} holds no "
-                "adapter_config.json; copy the whole checkpoint directory"
-            )
-        for file in sorted(adapter.glob("*.safetensors")):
-            safetensors_header(file)
-        try:
-            load_draft_adapter(model, adapter, sidecar.mask_id)
+        try:  # its files were checked with the checkpoint's (`check_checkpoint`)
+            load_draft_adapter(model, path / sidecar.draft_adapter, sidecar.mask_id)
         except ValueError as e:
             raise CheckpointError(str(e)) from e
     model = model.to(dev).eval()

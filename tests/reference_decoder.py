@@ -40,6 +40,7 @@ class Result:
     generated: int = 0  # tokens the model produced for the answer, the stop token included
     forwards: int = 0
     accepted: Counter = field(default_factory=Counter)  # self-spec: drafts accepted per step (cold steps: 0)
+    off_spine: int = 0  # self-spec with a tree: verify steps whose accepted path took a side candidate
 
 
 class ReferenceModel:
@@ -341,6 +342,7 @@ def self_spec(
         elif shape is not None:  # a tree: walk it node by node
             path, last, on_spine = _walk_tree(ref, known, candidates, shape.widths, shape.spine, v)
             k = len(path)
+            r.off_spine += not on_spine
             r.accepted[k] += 1
             emitted = path + [last]
         else:  # verify: AR tokens after `pending` and after each of the first v drafts

@@ -196,6 +196,8 @@ def test_greedy_tree_self_spec_equals_causal_and_the_reference(agreeing):
             where = f"{tree} {canvases}"
             assert got.tokens == want.tokens == want_tokens, where
             assert (got.stats.forwards, dict(got.stats.accepted)) == (want.forwards, dict(want.accepted)), where
+            # which verifies accepted a path off the spine: the reference's walk says so node by node
+            assert got.stats.off_spine == want.off_spine, where
             seen.update(trees=got.stats.tree_verifies, off_spine=got.stats.off_spine)
             seen.update(accepted=sum(k * v for k, v in got.stats.accepted.items()))
     # The comparison is only as good as what it exercises: side branches accepted, the spine too.

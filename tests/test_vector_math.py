@@ -62,3 +62,25 @@ def test_a_reference_path_far_from_the_truth_fails_the_comparison():
         assert_as_close_to_truth(tested, wrong_reference, truth, "a wrong reference")
     with pytest.raises(AssertionError, match="the tested path's bound"):
         assert_as_close_to_truth(wrong_reference, tested, truth, "a wrong tested path")
+
+
+def test_settling_makes_each_vector_math_call_once_on_a_few_elements(monkeypatch):
+    """The settling call itself, not only its flag: each op torch sends to MKL VML (contiguous fp32) is called
+    once, on fewer elements than one parallel grain (at::internal::GRAIN_SIZE, 32768), so in one thread, and
+    a second settle calls nothing."""
+    import torch
+
+    ops = ("cos", "sin", "exp", "log", "tanh")
+    calls = []
+    for name in ops:
+        op = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda t, _op=op, _name=name: calls.append((_name, t)) or _op(t))
+    monkeypatch.setattr(vector_math, "_settled", False)
+    vector_math.settle_vector_math()
+    assert [name for name, _ in calls] == list(ops)
+    for name, t in calls:
+        assert t.dtype == torch.float32 and t.is_contiguous() and 0 < t.numel() < 32768, name
+        assert t.device.type == "cpu", name
+    assert vector_math._settled
+    vector_math.settle_vector_math()
+    assert len(calls) == len(ops), "settled once per process"

@@ -2,7 +2,14 @@
 hands vLLM (canvas rows take the adapter, every other row none), the trained `<|mask|>` row it attaches, and
 decodes under the emulated vLLM (tests/vllm_emulator.py, `vllm_view`) against the native engine: greedy and
 sampled, token for token, with self-spec's greedy output the base model's causal output. The same LoRA
-routing through vLLM's own loader and punica ops is `make vllm-contract`'s (benchmark/vllm_contract/lora.py)."""
+routing through vLLM's own loader and punica ops is `make vllm-contract`'s (benchmark/vllm_contract/lora.py); the
+mapping `draft_lora.DraftLoRA.route` builds from that routing is tested here over stand-ins for the three vLLM
+names it imports."""
+
+import importlib
+import sys
+import types
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -86,6 +93,87 @@ def test_the_mapping_names_canvas_rows_only(ckpt, models, mode):
     want_b = [True] * n if mode == "diffusion" else [False] + [True] * (n - 1)
     assert got == [False] * len(PROMPTS[0]) + want_b + [False] * (s.canvas_length - n) + [False] * 3
     assert Rows().clean([1, 2], 0).canvas([s.mask_id] * 2, 2).drafting() == [False, False, True, True]
+
+
+@dataclass(frozen=True)
+class StandInMapping:
+    """vLLM 0.33's `LoRAMapping` (`AdapterMapping`'s two tuples and `is_prefill`)."""
+
+    index_mapping: tuple
+    prompt_mapping: tuple
+    is_prefill: bool = False
+
+
+@dataclass(frozen=True)
+class StandInRequest:
+    """vLLM's `LoRARequest`, by its positional fields."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+
+class StandInWorkerManager:
+    """vLLM's `LRUCacheWorkerLoRAManager`: records what the plugin activates, with which mapping."""
+
+    def __init__(self, vllm_config, device, embedding_modules):
+        self.built, self.activated = (vllm_config, device, embedding_modules), []
+
+    def set_active_adapters(self, requests, mapping):
+        self.activated.append((requests, mapping))
+
+
+@pytest.fixture
+def draft_lora(monkeypatch):
+    """`inference.vllm_backend.draft_lora` imported over stand-ins for the vLLM names it imports at its top (no
+    vLLM in this environment), and dropped afterwards so that no later import sees the stand-ins."""
+    import inference.vllm_backend as package
+
+    names = {
+        "vllm": {},
+        "vllm.lora": {},
+        "vllm.lora.layers": {"LoRAMapping": StandInMapping},
+        "vllm.lora.request": {"LoRARequest": StandInRequest},
+        "vllm.lora.worker_manager": {"LRUCacheWorkerLoRAManager": StandInWorkerManager},
+    }
+    for name, attrs in names.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+    name = "inference.vllm_backend.draft_lora"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delattr(package, "draft_lora", raising=False)
+    module = importlib.import_module(name)
+    yield module
+    sys.modules.pop(name, None)
+    if getattr(package, "draft_lora", None) is module:
+        delattr(package, "draft_lora")
+
+
+def test_the_lora_mapping_gives_the_adapter_to_drafting_tokens_only(draft_lora, tmp_path):
+    """`DraftLoRA.route`: the adapter's id at exactly the drafting tokens of the forward, 0 (no LoRA: the base
+    weights) at every other token, no adapter in the prompt mapping, activated through vLLM's worker manager
+    over the runner's own LoRA model manager; refused, naming the flags, when vLLM runs without LoRA."""
+    manager = object()
+    model = types.SimpleNamespace(lora_manager=manager, embedding_modules={"embed_tokens": "input_embeddings"})
+    config = types.SimpleNamespace(lora_config=object())
+    draft = draft_lora.DraftLoRA(config, model, "cpu", tmp_path / "draft_adapter")
+    assert draft.worker._adapter_manager is manager and draft.worker.built == (config, "cpu", model.embedding_modules)
+    assert draft.request == StandInRequest(da.DRAFT_LORA_NAME, da.DRAFT_LORA_ID, str(tmp_path / "draft_adapter"))
+    assert da.DRAFT_LORA_ID != 0, "0 is vLLM's no-LoRA id"
+    # a prefilling request, one whose cold step has a clean pending token then a canvas, and padding
+    mask = 3
+    step = [False] * 4 + Rows().clean([9], 4).canvas([mask] * 3, 5).drafting() + [False, False]
+    mapping = draft.route(step, 2)
+    ids = da.DRAFT_LORA_ID
+    assert mapping == StandInMapping((0, 0, 0, 0, 0, ids, ids, ids, 0, 0), (0, 0), is_prefill=True)
+    assert draft.worker.activated == [({draft.request}, mapping)]
+    assert draft.route([False] * 3, 1).index_mapping == (0, 0, 0), "a forward without drafting rows: base only"
+    assert draft.route([True] * 2, 3) == StandInMapping((ids, ids), (0, 0, 0), is_prefill=True)
+    with pytest.raises(draft_lora.PluginError, match="--enable-lora"):  # no LoRA config
+        draft_lora.DraftLoRA(types.SimpleNamespace(lora_config=None), model, "cpu", tmp_path)
+    with pytest.raises(draft_lora.PluginError, match="--enable-lora"):  # a model without LoRA layers
+        draft_lora.DraftLoRA(config, types.SimpleNamespace(embedding_modules={}), "cpu", tmp_path)
 
 
 @pytest.mark.parametrize("threshold", [0.05, 0.5])
