@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import re
 import shlex
@@ -83,6 +84,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-client-chat-template",
         action="store_true",
         help="let requests send their own Jinja chat_template (off: a template is code the server runs)",
+    )
+    n.add_argument(
+        "--chat-template-timeout",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="stop rendering a client's chat template after this long and refuse the request with 400 "
+        "(default 2; its output is also stopped once longer than the context can hold)",
+    )
+    n.add_argument(
+        "--header-timeout",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="close a connection that has not sent a whole request head this long after it opened or after "
+        "its previous reply (default 20; request bodies and replies are not timed)",
     )
     n = p.add_argument_group("native engine")
     n.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
@@ -290,6 +307,10 @@ def server_settings_refusal(args) -> str | None:
             return f"{flag} must be >= 1, got {value}; give a positive count"
     if args.max_request_bytes < 1:
         return f"--max-request-bytes must be >= 1, got {args.max_request_bytes}; give a size in bytes"
+    timeouts = (("--chat-template-timeout", args.chat_template_timeout), ("--header-timeout", args.header_timeout))
+    for flag, value in timeouts:
+        if not 0 < value < math.inf:  # NaN too
+            return f"{flag} must be a positive number of seconds, got {value}; give one like 2 or 0.5"
     for flag, value in (("--block-size", args.block_size), ("--draft-len", args.draft_len)):
         if isinstance(value, int) and value < 2:  # checked here: the decode settings read 0 as "the default"
             return f"{flag} must be >= 2, got {value}; give at least 2, or leave it out for the default"
@@ -363,6 +384,7 @@ def run_native(args, extra: list[str]) -> int:
             max_batch=args.max_batch,
             max_request_bytes=args.max_request_bytes,
             allow_client_chat_template=args.allow_client_chat_template,
+            chat_template_timeout=args.chat_template_timeout,
         )
     except (CheckpointError, ValueError, NotImplementedError) as e:
         raise ServeError(str(e)) from e
@@ -370,7 +392,7 @@ def run_native(args, extra: list[str]) -> int:
         f"serving {args.model} ({args.mode}, native engine on {device}) at http://{args.host}:{args.port}/v1",
         flush=True,
     )
-    if not serve_app(app, host=args.host, port=args.port):
+    if not serve_app(app, host=args.host, port=args.port, header_timeout=args.header_timeout):
         raise ServeError(f"could not listen on {args.host}:{args.port} (the reason is above); pick another --port")
     return 0
 

@@ -21,6 +21,23 @@ def _private_tempdir(tmp_path, monkeypatch):
 
 REPO = Path(__file__).resolve().parent.parent
 
+
+@pytest.fixture(autouse=True)
+def _shaken_inputs(request):
+    """`BDSTACK_TEST_SEED` set (`python -m tests.shake`): each test's global random draws (random ids, which rows
+    draft, how a batch is made up) come from another seed, its own per test; unset, the tests draw as always."""
+    seed = os.environ.get("BDSTACK_TEST_SEED")
+    if seed:
+        import random
+        import zlib
+
+        import torch
+
+        n = zlib.crc32(f"{seed}:{request.node.nodeid}".encode())
+        torch.manual_seed(n)
+        random.seed(n)
+
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs two workers on two cores: one thread each (and in the programs they start), or the
     # workers' thread pools oversubscribe the cores and every forward waits on the other worker's.
@@ -97,8 +114,10 @@ def train_py_error(args: list[str], capfd, status: int | None = None) -> list[st
     """train.py's main() in this process, on argv that must stop with its one-line error; returns the lines
     of stderr as `python train.py` would print them (the process's own output, then its error line).
 
-    What it saves is a fresh interpreter and its torch import (about 4 CPU seconds a run); a success would
-    end in main()'s os._exit, so only failing argv belong here. Process group and environment are restored.
+    What it saves is a fresh interpreter and its torch import (about 4 CPU seconds a run). A success would end
+    in main()'s os._exit and take pytest down with status 0 and no summary (a regression that passed CI
+    unseen): os._exit raises SystemExit here instead, which fails the test. Process group and environment are
+    restored.
     `status`: the exit status it must end with (2 for a bad flag, 1 for what stops a started run).
     """
     import torch.distributed as dist
@@ -106,8 +125,13 @@ def train_py_error(args: list[str], capfd, status: int | None = None) -> list[st
     from train.main import main
 
     env = dict(os.environ)
+
+    def exit_here(code):
+        raise SystemExit(code)
+
     try:
-        with pytest.raises(SystemExit) as stopped:
+        with pytest.raises(SystemExit) as stopped, pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "_exit", exit_here)
             main(args)
     finally:
         if dist.is_initialized():

@@ -191,7 +191,7 @@ def test_one_rank_saves_and_loads_without_object_collectives(one_rank, tmp_path,
         monkeypatch.setattr(dist, name, refuse)
     kw = dict(model=lm, optimizer=opt, tokenizer=tok, info=one_rank, save_dtype=torch.float32)
     sidecar = Sidecar(bd_size=4, mask_id=0, global_step=1)
-    save_checkpoint(tmp_path, "step_1", sidecar=sidecar, trainer_state={"step": 1}, **kw)
+    save_checkpoint(tmp_path, "step_1", sidecar=sidecar, trainer_state={"step": 1, "data_position": 1}, **kw)
     with torch.no_grad():
         for p in lm.parameters():
             p.add_(1.0)
@@ -251,6 +251,44 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_complete_one(tmp
     _truncate(run / "step_1")
     with pytest.raises(FlagError, match=f"^--resume: {run} holds no intact checkpoint"):
         resolve_resume(run)
+
+
+TRAINER_STATE_DAMAGES = {  # how each leaves trainer_state.json, and the words the warning gives for it
+    "cut": (lambda f: f.write_bytes(f.read_bytes()[:100]), "is not valid JSON"),
+    "not_json": (lambda f: f.write_bytes(b"\xff\xfe{"), "is not valid JSON"),
+    "nested": (lambda f: f.write_text("[" * 100_000), "is not valid JSON"),
+    "wrong_type": (lambda f: f.write_text(json.dumps({"step": "2", "data_position": 2})), "step '2', not a count"),
+    "not_an_object": (lambda f: f.write_text("[2]"), "holds [2], not an object"),
+    "missing": (lambda f: f.unlink(), "is missing"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(TRAINER_STATE_DAMAGES))
+def test_a_damaged_trainer_state_falls_back_to_the_previous_checkpoint(tmp_path, damage):
+    """The newest trainer_state.json cut to 100 bytes stopped a resume with a JSONDecodeError traceback."""
+    run = tmp_path / "run"
+    flags = _config(run).resume_flags()  # a real record: far longer than the 100 bytes kept of it
+    for step in (1, 2):
+        _train_state_only(run, f"step_{step}", step, flags)
+    (run / "latest").write_text("step_2\n")
+    spoil, words = TRAINER_STATE_DAMAGES[damage]
+    spoil(run / "step_2" / "train_state" / "trainer_state.json")
+    point = check_resume(_config(run, "--resume", str(run)))
+    assert point.checkpoint == run / "step_1" and point.step == 1
+    (warning,) = point.warnings
+    assert warning.startswith(f"--resume: {run / 'step_2'} is damaged (train_state/trainer_state.json "), warning
+    assert words in warning and "\n" not in warning, warning
+    refused = f"^--resume: {run / 'step_2'} is damaged .*{re.escape(words)}.*{run / 'step_1'}"
+    with pytest.raises(FlagError, match=refused):
+        resolve_resume(run / "step_2")  # named by itself: refused, pointing at the intact one
+    spoil(run / "step_1" / "train_state" / "trainer_state.json")
+    (run / "latest").write_text("step_1\n")
+    with pytest.raises(FlagError) as caught:
+        check_resume(_config(run, "--resume", str(run)))
+    message = str(caught.value)
+    assert message.startswith(f"--resume: {run} holds no intact checkpoint"), message
+    assert f"{run / 'step_1'}: train_state/trainer_state.json" in message and words in message, message
+    assert "start the run again without --resume" in message and "\n" not in message, message
 
 
 @pytest.mark.parametrize("flag, old, new", [("dataset", "a.jsonl", "b.jsonl"), ("max_response_length", None, 64)])

@@ -73,6 +73,39 @@ def test_chat_in_every_mode_reports_tokens_per_forward(server, client, mode):
         assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 12 == len(calls)
 
 
+DRAFT_VERIFY_FIELDS = {"verify_steps", "accepted_drafts", "acceptance_length"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_only_self_spec_replies_carry_draft_verify_figures(server, client, monkeypatch, mode):
+    """`verify_steps`, `accepted_drafts` and `acceptance_length` are self-spec's: a causal or diffusion reply,
+    whole or streamed, carries none of them (not even zeros); a self-spec reply carries its own request's, by
+    hand from the acceptance histogram of the generation the scheduler returned, its verify steps every
+    forward after the prefill."""
+    scheduler = server[1].state.scheduler
+    generate, gens = scheduler.generate, []
+    monkeypatch.setattr(scheduler, "generate", lambda *a, **kw: gens.append(generate(*a, **kw)) or gens[-1])
+    calls, hook = counted_forwards(server)
+    try:
+        whole, chunks = whole_and_streamed(client, mode, 12)
+    finally:
+        hook.remove()
+    replies = [r.usage.model_extra | {"completion_tokens": r.usage.completion_tokens} for r in (whole, chunks[-1])]
+    assert len(gens) == 2 and sum(u["forwards"] for u in replies) == len(calls)
+    for u, gen in zip(replies, gens):
+        assert u["forwards"] == gen.stats.forwards
+        if mode != "self-spec":
+            assert not DRAFT_VERIFY_FIELDS & u.keys(), f"a {mode} reply carries self-spec's figures: {u}"
+            continue
+        steps = sum(gen.stats.accepted.values())
+        accepted = sum(k * n for k, n in gen.stats.accepted.items())
+        assert steps == u["forwards"] - 1 > 0
+        assert (u["verify_steps"], u["accepted_drafts"]) == (steps, accepted)
+        assert u["acceptance_length"] == pytest.approx(1 + accepted / steps, abs=1e-4)
+        # each forward emits one token and the drafts it accepted (the last forward's may be cut at max_tokens)
+        assert u["completion_tokens"] <= u["forwards"] + accepted
+
+
 def test_causal_counts_the_end_of_turn_token(server, client):
     """A reply that ends at end-of-turn: its text's tokens plus the end-of-turn token, one forward each."""
     calls, hook = counted_forwards(server)
@@ -105,19 +138,16 @@ def test_self_spec_equals_causal_through_the_server(client):
         )
 
 
+def whole_and_streamed(client, mode: str, max_tokens: int):
+    """One chat request's whole reply, and its chunks streamed with usage."""
+    ask = dict(model="tiny", messages=MSG, max_tokens=max_tokens, extra_body={"mode": mode})
+    whole = client.chat.completions.create(**ask)
+    return whole, list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_streaming_matches_non_streaming(client, mode):
-    full = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=14, extra_body={"mode": mode})
-    chunks = list(
-        client.chat.completions.create(
-            model="tiny",
-            messages=MSG,
-            max_tokens=14,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"mode": mode},
-        )
-    )
+    full, chunks = whole_and_streamed(client, mode, 14)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == full.choices[0].finish_reason

@@ -1,11 +1,16 @@
 """The server under bad input and load: strict OpenAI-shaped 4xx, opaque 5xx that /metrics counts, a
-request-size limit, client chat templates off unless allowed, prompt preparation off the event loop,
-cancellation of abandoned non-streaming requests, and the API key on every path but /health."""
+request-size limit, client chat templates off unless allowed and stopped past their time limit, prompt
+preparation off the event loop, cancellation of abandoned non-streaming requests, connections closed that
+send no request head in time, and the API key on every path but /health."""
 
 import contextlib
 import http.client
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.conftest import serve_app
+from tests.conftest import REPO, serve_app
 from tests.tiny import tiny_checkpoint
 
 pytestmark = pytest.mark.e2e  # a whole program, server or long sweep: `pytest -m 'not e2e'` skips it
@@ -48,7 +53,7 @@ def server(ckpt):
 
 @pytest.fixture(scope="module")
 def open_server(ckpt):
-    with running(ckpt, allow_client_chat_template=True) as srv:
+    with running(ckpt, allow_client_chat_template=True, chat_template_timeout=1.0) as srv:
         yield srv
 
 
@@ -214,6 +219,85 @@ def test_client_chat_templates_with_the_flag(open_server):
     assert status == 200 and json.loads(text)["usage"]["prompt_tokens"] == 2
 
 
+RUNAWAY = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"  # issue 54's
+SILENT = RUNAWAY.replace("x", "")  # as long, writing nothing
+
+
+def test_a_runaway_client_template_is_stopped_at_its_time_limit(open_server):
+    """Issue 54: two nested 100,000 loops rendered for hours after the client left. Now a 400 naming the
+    template and the limit, /health answers meanwhile, and no core burns after; one writing more than the
+    context holds is stopped as it writes; a template the server also has renders as its own does."""
+    url = open_server[0]
+    with ThreadPoolExecutor(1) as pool:
+        t0 = time.perf_counter()
+        pending = pool.submit(call, url, CHAT, {"messages": MSG, "chat_template": SILENT}, timeout=15)
+        time.sleep(0.3)
+        assert call(url, "/health", key=None, timeout=2)[0] == 200 and time.perf_counter() - t0 < 1.0
+        status, text = pending.result()
+    seconds, cpu = time.perf_counter() - t0, time.process_time()
+    assert status == 400 and seconds < 4, (status, seconds, text)
+    err = error_of(text)
+    assert err["param"] == "chat_template" and err["code"] == "chat_template_timeout", err
+    assert "chat template" in err["message"] and "1 s" in err["message"], err
+    assert "--chat-template-timeout" in err["message"], err
+    time.sleep(1.0)
+    assert time.process_time() - cpu < 0.3, "the process kept computing after the refusal"
+    t0 = time.perf_counter()  # writing: stopped once past what the context holds, long before the time limit
+    status, text = call(url, CHAT, {"messages": MSG, "chat_template": RUNAWAY})
+    assert status == 400 and time.perf_counter() - t0 < 0.5, text
+    assert error_of(text)["param"] == "chat_template" and "wrote more than" in text, text
+    own = open_server[2].tokenizer.chat_template
+    body = {"messages": MSG, "max_tokens": 4, "temperature": 0}
+    replies = [json.loads(call(url, CHAT, {**body, **extra})[1]) for extra in ({}, {"chat_template": own})]
+    assert replies[0]["usage"] == replies[1]["usage"]
+    assert replies[0]["choices"][0]["message"] == replies[1]["choices"][0]["message"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(url) -> bool:
+    try:
+        return call(url, "/health", key=None, timeout=1)[0] == 200
+    except OSError:  # not listening yet
+        return False
+
+
+def test_serve_py_stops_on_sigterm_while_a_client_template_runs(ckpt):
+    """serve.py's --chat-template-timeout and --header-timeout reach the server, and SIGTERM stops it while a
+    runaway template renders (uvicorn lets requests in flight finish first: that one never did)."""
+    port = _free_port()
+    flags = ["--allow-client-chat-template", "--chat-template-timeout", "1", "--header-timeout", "1"]
+    cmd = [sys.executable, "inference/serve.py", str(ckpt), "--mode", "causal", "--port", str(port), *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while not _answers(url):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-3000:]
+            time.sleep(0.1)
+        with socket.create_connection(("127.0.0.1", port)) as sock:  # sends nothing: closed after 1 s
+            sock.settimeout(10)
+            t0 = time.perf_counter()
+            assert sock.recv(1) == b"" and time.perf_counter() - t0 < 3
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(call, url, CHAT, {"messages": MSG, "chat_template": SILENT}, timeout=15)
+            time.sleep(0.5)
+            t0 = time.perf_counter()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=15)  # the server's own exit (interpreter teardown) takes about 2 s of it
+            print(f"SIGTERM to exit: {time.perf_counter() - t0:.2f} s")
+            assert pending.result()[0] == 400  # the request in flight was answered before the server went
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 def test_health_answers_while_a_prompt_is_being_prepared(server, monkeypatch, kind):
     """A slow template render or tokenization (held here on an event) must not block the event loop."""
@@ -303,6 +387,73 @@ def test_a_client_gone_mid_body_is_a_disconnect_not_an_error(server, caplog):
     mine = [r for r in caplog.records if r.name == "bdstack.server"]
     assert mine and all(r.levelname == "INFO" and not r.exc_info for r in mine), [r.getMessage() for r in mine]
     assert_serving(url)
+
+
+@contextlib.contextmanager
+def header_timed(app, seconds):
+    """`app` served as serve.py serves it (run.uvicorn_config), with a header timeout of `seconds`."""
+    import uvicorn
+
+    from inference.server.run import uvicorn_config
+
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, header_timeout=seconds, log_level="error"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    while not srv.started:
+        time.sleep(0.02)
+    try:
+        yield port
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_a_connection_without_a_whole_request_head_is_closed_in_time(server):
+    """Issue 54: a client that connected and sent nothing, or part of a request head, was held for 65 s and
+    more. Now closed the header timeout after connecting or after its last reply, however it dribbles; a
+    keep-alive connection, a slow body and a stream longer than the timeout are untouched."""
+    url, app, loaded = server
+    head = f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+    with header_timed(app, 0.5) as port:
+
+        def closed_after(parts, pause=0.0) -> float:
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.settimeout(5)
+                t0 = time.perf_counter()
+                with contextlib.suppress(OSError):  # a write after the close
+                    for part in parts:
+                        sock.sendall(part)
+                        time.sleep(pause)
+                    assert sock.recv(1) == b""
+                return time.perf_counter() - t0
+
+        assert 0.4 < closed_after([]) < 1.5
+        assert closed_after([head.encode()]) < 1.5
+        assert closed_after([bytes([c]) for c in head.encode()], pause=0.1) < 1.5  # a byte per 0.1 s
+        body = json.dumps({"messages": MSG, "max_tokens": 12, "stream": True}).encode()
+        hook = loaded.model.register_forward_hook(lambda *_: time.sleep(0.1))  # a reply of over a second
+        try:
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.settimeout(10)
+                sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])
+                time.sleep(0.8)  # a slow body: its head came whole
+                sock.sendall(body[10:])
+                reply = b""
+                while not reply.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):
+                    reply += sock.recv(65536)
+                time.sleep(0.3)  # keep-alive: the next request may come on the same connection
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                health = b""
+                while not health.endswith(b"}"):  # the JSON body's end
+                    health += sock.recv(65536)
+                assert health.startswith(b"HTTP/1.1 200")
+                t0 = time.perf_counter()
+                sock.sendall(b"GET /hea")  # part of a head after a reply: closed in its turn
+                assert sock.recv(1) == b"" and time.perf_counter() - t0 < 1.5
+        finally:
+            hook.remove()
+        assert b"HTTP/1.1 200" in reply and reply.count(b"data: {") > 3
 
 
 def test_unknown_paths_and_methods_answer_in_openai_shape(server):

@@ -109,7 +109,12 @@ def test_a_draft_adapter_vllm_cannot_load_is_refused(tmp_path, capsys, drafted):
     broken = tmp_path / "c"
     shutil.copytree(drafted, broken)
     config = json.loads((broken / "draft_adapter" / "adapter_config.json").read_text())
+    # a rank the saved weights do not have is refused for every engine (bdcore.draft_adapter_files)
     (broken / "draft_adapter" / "adapter_config.json").write_text(json.dumps(config | {"r": 600}))
+    with pytest.raises(SystemExit, match="has rank 4, but adapter_config.json says r 600"):
+        dry_run(capsys, [str(broken), "--mode", "diffusion"])
+    pattern = {"rank_pattern": {"q_proj": 600}}  # a term of rank 600: more than vLLM holds
+    (broken / "draft_adapter" / "adapter_config.json").write_text(json.dumps(config | pattern))
     with pytest.raises(SystemExit, match="rank 600 exceeds vLLM 0.33's largest LoRA rank, 512"):
         dry_run(capsys, [str(broken), "--mode", "diffusion"])
     (broken / "draft_adapter" / "adapter_config.json").unlink()

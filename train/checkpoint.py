@@ -5,6 +5,7 @@
                                          trainer_state.json, rng_rank<r>.pt)
     <save_dir>/final/     the same, at the end of the run
     <save_dir>/latest     the name of the newest complete checkpoint
+    <save_dir>/run_id     the run's id, which each checkpoint's trainer_state.json records (train/trainer_state.py)
 
 A checkpoint is complete when its train_state/trainer_state.json exists: that file is written
 last, after everything else in the directory is fsynced. Saving `<name>`:
@@ -18,8 +19,10 @@ Once a run has saved once, a kill at any instant (mid-save included) leaves a co
 `resolve_resume` finds: the one `latest` names, else that name's `.tmp-` copy (newer) or `.old-` copy
 (between steps 2 and 3), else the newest complete checkpoint in the run directory (a kill before the
 first `latest` was written). A run killed before its first save has none. The next save of a name
-whose directory went missing first renames its complete copy back into place. A complete copy whose
-shards are shorter than its dcp metadata says (damaged after the fact) is passed over for the next.
+whose directory went missing first renames its complete copy back into place. A complete copy damaged
+after the fact (shards shorter than its dcp metadata says, a trainer_state.json cut, not JSON or with fields
+of the wrong type, or gone from the checkpoint `latest` names) is passed over for the next; one that belongs
+to another run is refused.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import os
 import random
 import shutil
 import sys
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -50,10 +54,18 @@ from bdcore.tokens import MASK_TOKEN
 from train.config import RESUME_MUST_MATCH, SCHEDULE_FLAGS, FlagError, JobConfig
 from train.parallel import DistInfo
 from train.recipes import recipe_of_record
+from train.trainer_state import (
+    RUN_ID,
+    TRAIN_STATE,
+    TRAINER_STATE,
+    check_belongs,
+    continued_run_id,
+    read_trainer_state,
+    recorded_step,
+    trainer_state_damage,
+)
 
-TRAIN_STATE = "train_state"
 LATEST = "latest"
-TRAINER_STATE = "trainer_state.json"
 
 
 def _fsync(path: Path) -> None:
@@ -216,13 +228,15 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 def resolve_resume(path: str | os.PathLike, warn: Callable[[str], None] | None = None) -> Path:
     """The complete checkpoint `--resume path` means: `path` itself, or in a run directory the one
     `latest` names; failing those, the complete copy a killed save left (see the module docstring).
-    In a run directory a damaged checkpoint (a shard shorter than its metadata says) is passed over for
-    the next newest complete one, and `warn` is told; named by itself, it is refused."""
+    In a run directory a damaged checkpoint (a shard shorter than its metadata says, an unusable trainer state) is
+    passed over for the next newest complete one, and `warn` is told; named by itself, it is refused. So is one
+    that belongs to another run than its run directory (train/trainer_state.py)."""
     warn = warn or (lambda message: print(f"warning: {message}", file=sys.stderr))
     p = Path(path)
-    if is_complete(p):
+    if is_complete(p) or _lost_its_mark(p):
         damage = _damage(p)
         if damage is None:
+            check_belongs(p, read_trainer_state(p))
             return p
         intact = next((c for c in _complete_newest_first(p.parent) if c != p and _damage(c) is None), None)
         fix = f"resume from {intact}, the newest intact checkpoint of its run" if intact else "start the run again"
@@ -231,17 +245,20 @@ def resolve_resume(path: str | os.PathLike, warn: Callable[[str], None] | None =
     name = _latest_name(p)
     if name is not None:
         candidates = [*_copies(p, name), *candidates]
+    named = [p / name] if name is not None and _lost_its_mark(p / name) else []
     damaged = []
-    for ckpt in dict.fromkeys([c for c in candidates if is_complete(c)] + _complete_newest_first(p)):  # each once
+    for ckpt in dict.fromkeys(named + [c for c in candidates if is_complete(c)] + _complete_newest_first(p)):
         damage = _damage(ckpt)
         if damage is None:
+            check_belongs(ckpt, read_trainer_state(ckpt))
             return ckpt
         damaged.append(f"{ckpt}: {damage}")
         warn(f"--resume: {ckpt} is damaged ({damage}); passed over for the newest complete checkpoint before it")
     if damaged:
         raise FlagError(
             "--resume",
-            f"{path} holds no intact checkpoint (damaged: {', '.join(damaged)}); start the run again without --resume",
+            f"{path} holds no intact checkpoint (damaged: {', '.join(damaged)}); restore the damaged files, or start "
+            "the run again without --resume",
         )
     raise FlagError(
         "--resume",
@@ -275,12 +292,22 @@ def _complete_newest_first(run_dir: Path) -> list[Path]:
     if not run_dir.is_dir():
         return []
     complete = [d for d in run_dir.iterdir() if is_complete(d)]
-    return sorted(complete, key=lambda d: (_steps_of(d), not d.name.startswith(".")), reverse=True)
+    return sorted(complete, key=lambda d: (recorded_step(d), not d.name.startswith(".")), reverse=True)
+
+
+def _lost_its_mark(ckpt: Path) -> bool:
+    """A checkpoint in place without its trainer_state.json: a save renames only complete copies into place, so
+    the file went missing after the fact (a `.tmp-` or `.old-` copy without one is a save's debris instead)."""
+    return (ckpt / TRAIN_STATE).is_dir() and not is_complete(ckpt)
 
 
 def _damage(ckpt: Path) -> str | None:
-    """What makes `ckpt`'s train state unloadable, as far as its files' sizes tell (a missing or truncated shard,
-    unreadable metadata), or None. Read before anything is loaded, so a resume can pass over a damaged copy."""
+    """What makes `ckpt`'s train state unusable: its trainer_state.json, or its shards as far as their sizes tell,
+    or None. Read before anything is loaded, so a resume can pass over a damaged copy."""
+    return trainer_state_damage(ckpt) or _shard_damage(ckpt)
+
+
+def _shard_damage(ckpt: Path) -> str | None:
     state = ckpt / TRAIN_STATE
     try:
         metadata = dcp.FileSystemReader(str(state)).read_metadata()
@@ -296,17 +323,6 @@ def _damage(ckpt: Path) -> str | None:
         if shard.stat().st_size < size:
             return f"{TRAIN_STATE}/{name} is truncated: {shard.stat().st_size} of {size} bytes"
     return None
-
-
-def _steps_of(ckpt: Path) -> int:
-    try:
-        return int(read_trainer_state(ckpt)["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return -1
-
-
-def read_trainer_state(ckpt: Path) -> dict:
-    return json.loads(_marker(ckpt).read_text())
 
 
 def load_train_state(ckpt: Path, model, optimizer, info: DistInfo) -> dict:
@@ -340,6 +356,7 @@ class ResumePoint:
     schedule_changes: dict  # {flag: [old, new]}, allowed only with --allow_schedule_change
     skipped_steps: int = 0  # steps whose non-finite update was never applied
     warnings: tuple[str, ...] = ()  # damaged checkpoints passed over for this one
+    run_id: str | None = None  # the id the run goes on under in --save_dir; None: a new one
 
 
 def check_resume(config: JobConfig) -> ResumePoint | None:
@@ -351,6 +368,7 @@ def check_resume(config: JobConfig) -> ResumePoint | None:
     warnings: list[str] = []
     ckpt = resolve_resume(config.checkpoint.resume, warn=warnings.append)
     state = read_trainer_state(ckpt)
+    run_id = continued_run_id(Path(config.checkpoint.save_dir), ckpt, state)
     saved, now = recipe_of_record(state.get("config", {})), config.flags()
 
     def same(key, old, new):
@@ -374,7 +392,15 @@ def check_resume(config: JobConfig) -> ResumePoint | None:
             f"--allow_schedule_change to follow the new schedule from step {state['step']}",
         )
     skipped = state.get("skipped_steps", 0)
-    return ResumePoint(ckpt, state["step"], state["data_position"], schedule, skipped, tuple(warnings))
+    return ResumePoint(ckpt, state["step"], state["data_position"], schedule, skipped, tuple(warnings), run_id)
+
+
+def start_run(run_dir: Path, resume: ResumePoint | None) -> str:
+    """Rank 0, once `run_dir` exists: write the id this run's checkpoints record to `run_dir/run_id` and return
+    it; a fresh start is a new run (train/trainer_state.py)."""
+    run_id = (resume.run_id if resume is not None else None) or uuid.uuid4().hex
+    _write_atomic(run_dir / RUN_ID, run_id + "\n")
+    return run_id
 
 
 def sidecar_for(config: JobConfig, mask_id: int, global_step: int) -> Sidecar | None:

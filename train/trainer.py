@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from bdcore.decode.acceptance import DRAFT_QUALITY_NAME
 from train.build import build_model, build_rows, build_tokenizer, check_runtime, write_json
-from train.checkpoint import check_resume, load_train_state, save_checkpoint, sidecar_for
+from train.checkpoint import check_resume, load_train_state, save_checkpoint, sidecar_for, start_run
 from train.config import FlagError, JobConfig
 from train.loss import diffusion_weights
 from train.metrics import RunLogger, peak_memory_mib
@@ -73,8 +73,10 @@ class Trainer:
         self.run_dir = Path(config.checkpoint.save_dir)
         self.resume = check_resume(config)
         schedule_changes = self.resume.schedule_changes if self.resume else {}
+        self.run_id = None  # only rank 0 writes the trainer state that records it
         if info.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.run_id = start_run(self.run_dir, self.resume)
             write_json(self.run_dir / "run_config.json", {**config.flags(), "schedule_changes": schedule_changes})
 
         self.tokens = build_tokenizer(config)
@@ -297,6 +299,7 @@ class Trainer:
             "data_position": self.stream.position,
             "skipped_steps": self.skipped_steps,
             "config": self.config.resume_flags(),
+            "run_id": self.run_id,
         }
         path = save_checkpoint(
             self.run_dir,

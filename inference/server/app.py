@@ -20,6 +20,7 @@ from inference.server.protocol import APIError, internal_error
 from inference.server.request_checks import DEFAULT_MAX_REQUEST_BYTES, RequireKey
 from inference.server.responses import now
 from inference.server.state import ServerState
+from inference.server.template_limits import DEFAULT_TIMEOUT_S
 
 log = logging.getLogger("bdstack.server")
 
@@ -34,6 +35,7 @@ def create_app(
     max_batch: int = 8,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     allow_client_chat_template: bool = False,
+    chat_template_timeout: float = DEFAULT_TIMEOUT_S,
 ) -> FastAPI:
     state = ServerState.build(
         loaded,
@@ -43,6 +45,7 @@ def create_app(
         max_batch=max_batch,
         max_request_bytes=max_request_bytes,
         allow_client_chat_template=allow_client_chat_template,
+        chat_template_timeout=chat_template_timeout,
     )
     if state.chars_per_token is None:
         log.warning(

@@ -12,6 +12,7 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from bdcore.decode.config import ResolvedDecode
+from bdcore.decode.memory import RequestFloor, available_bytes, describe, request_bytes
 from bdcore.decode.sampling import SamplingParams
 from bdcore.loading import LoadedModel
 from bdcore.serving_gate import CannotServe, resolve
@@ -70,6 +71,7 @@ async def prepare(state: ServerState, kind: str, request: Request) -> PreparedRe
     params = sampling_params(body, default_max_tokens=min(state.default_max_tokens, room), kind=kind)
     decode = request_decode(state.loaded, state.decode, body)
     check_reply_fits(state.max_context, longest, params.max_tokens, param)
+    check_memory(state.request_floor, decode, longest, params.max_tokens, param)
     return PreparedRequest(kind, tuple(prompts), prefix, tools, params, decode, stream, include_usage(body))
 
 
@@ -80,7 +82,7 @@ def prompt_ids(state: ServerState, kind: str, body: dict, tools: ToolRequest) ->
     tokenizer = state.loaded.tokenizer
     param = "messages" if kind == "chat" else "prompt"
     if kind == "chat":
-        prompts = [(param, chat_prompt_text(tokenizer, body, tools))]
+        prompts = [(param, chat_prompt_text(tokenizer, body, tools, state.template_limits))]
     else:
         prompts = completion_prompts(body, state.vocab_size)
     # tool_choice "required" / a named function: the reply is made to open a call (see forced_prefix)
@@ -137,6 +139,28 @@ def check_reply_fits(max_context: int, n_prompt: int, max_tokens: int, param: st
             param=param,
             code="context_length_exceeded",
         )
+
+
+def check_memory(floor: RequestFloor, decode: ResolvedDecode, n_prompt: int, max_tokens: int, param: str) -> None:
+    """Refuse a request that cannot fit in the memory the process can still get (`bdcore.decode.memory`: a floor
+    of what it will hold), before it holds any: a MemoryError mid-decode is a 500 after the memory went."""
+    need, room = request_bytes(floor, decode, n_prompt, max_tokens), available_bytes()
+    if room is None or need <= room:
+        return
+    if request_bytes(floor, decode, n_prompt, 1) <= room:
+        fix, param = "ask for fewer max_tokens", "max_tokens"
+    elif decode.mode != "causal" and request_bytes(floor, replace(decode, mode="causal"), n_prompt, 1) <= room:
+        size = f"block {decode.block}" if decode.mode == "diffusion" else f"draft_len {decode.draft_len}"
+        fix, param = f"its {decode.mode} forwards ({size}) are what does not fit: ask for mode causal", "mode"
+    else:
+        fix = f"send a shorter {param}"
+    raise APIError(
+        400,
+        f"this request needs at least {describe(need)} ({n_prompt} prompt tokens, max_tokens {max_tokens}, "
+        f"{decode.mode} mode), more than the {describe(room)} this server can still allocate; {fix}",
+        param=param,
+        code="request_too_large",
+    )
 
 
 def request_decode(loaded: LoadedModel, default: DecodeConfig, body: dict) -> ResolvedDecode:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from bdcore.chat import chat_text
 from bdcore.decode.sampling import SamplingParams
+from inference.server.template_limits import DEFAULT_LIMITS, TemplateLimits, TemplateStopped, render_bounded
 
 
 class APIError(Exception):
@@ -237,7 +238,9 @@ def response_format_instruction(body: dict) -> str | None:
     )
 
 
-def chat_prompt_text(tokenizer, body: dict, tools: ToolRequest | None = None) -> str:
+def chat_prompt_text(
+    tokenizer, body: dict, tools: ToolRequest | None = None, limits: TemplateLimits = DEFAULT_LIMITS
+) -> str:
     """The rendered chat template: what is tokenised (prepare.py measures it first)."""
     messages = template_messages(body.get("messages"))
     instruction = response_format_instruction(body)
@@ -253,14 +256,17 @@ def chat_prompt_text(tokenizer, body: dict, tools: ToolRequest | None = None) ->
         if not isinstance(body["chat_template"], str):
             raise APIError(400, "'chat_template' must be a string", param="chat_template")
         kwargs = {**kwargs, "chat_template": body["chat_template"]}
+
+    def render() -> str:
+        # tool_choice "none": the model is not shown the tools, so it answers in text
+        return chat_text(tokenizer, messages, tools=list(tools.tools) if tools.parse else None, **kwargs)
+
     try:
-        text = chat_text(
-            tokenizer,
-            messages,
-            # tool_choice "none": the model is not shown the tools, so it answers in text
-            tools=list(tools.tools) if tools.parse else None,
-            **kwargs,
-        )
+        if kwargs.get("chat_template") is None:  # the server's own template: the operator's code, run as is
+            return render()
+        return render_bounded(render, limits)
+    except TemplateStopped as e:
+        where = "chat_template" if body.get("chat_template") is not None else "chat_template_kwargs"
+        raise APIError(400, e.problem, param=where, code=e.code) from None
     except Exception as e:
         raise APIError(400, f"the chat template rejected these messages: {e}", param="messages") from e
-    return text

@@ -7,11 +7,13 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from bdcore.decode.memory import RequestFloor, available_bytes, describe, request_bytes
 from bdcore.loading import LoadedModel
 from inference.native.engine import DecodeConfig, Engine
 from inference.native.scheduler import Scheduler
 from inference.server.prometheus import ServerMetrics
 from inference.server.prompt_bound import chars_per_token
+from inference.server.template_limits import TemplateLimits
 
 
 @dataclass
@@ -29,6 +31,8 @@ class ServerState:
     vocab_size: int  # the ids a prompt may hold: tokens of the tokenizer that the model has rows for
     max_request_bytes: int
     allow_client_chat_template: bool
+    request_floor: RequestFloor  # what a request holds at least (bdcore.decode.memory): refused when it cannot
+    template_limits: TemplateLimits  # what a client's chat template may cost (template_limits.py)
 
     @classmethod
     def build(
@@ -41,7 +45,10 @@ class ServerState:
         max_batch: int,
         max_request_bytes: int,
         allow_client_chat_template: bool,
+        chat_template_timeout: float,
     ) -> ServerState:
+        floor = RequestFloor.of(loaded.model.config, next(loaded.model.parameters()).dtype)
+        _check_smallest_requests_fit(loaded, decode, floor)
         engine = Engine(loaded, decode)
         if _serves_auto_self_spec(loaded):
             # The self-spec cost model is measured here, on the thread that loaded the model and will decode
@@ -56,6 +63,9 @@ class ServerState:
         # (6 on a 2-core machine), which would cap the scheduler's batch below --max-batch. Queued requests
         # hold threads too, so the pool has room beyond the batch.
         workers = ThreadPoolExecutor(max_workers=max(64, 4 * max_batch), thread_name_prefix="bdstack-request")
+        max_context = getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30
+        per_token = chars_per_token(loaded.tokenizer)
+        max_chars = max_context * per_token if per_token else None  # past it, the prompt is refused anyway
         return cls(
             loaded=loaded,
             decode=decode,
@@ -65,11 +75,13 @@ class ServerState:
             workers=workers,
             model_name=model_name,
             default_max_tokens=default_max_tokens,
-            max_context=getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30,
-            chars_per_token=chars_per_token(loaded.tokenizer),
+            max_context=max_context,
+            chars_per_token=per_token,
             vocab_size=min(len(loaded.tokenizer), loaded.model.get_input_embeddings().num_embeddings),
             max_request_bytes=max_request_bytes,
             allow_client_chat_template=allow_client_chat_template,
+            request_floor=floor,
+            template_limits=TemplateLimits(chat_template_timeout, max_chars, max_context),
         )
 
     def start(self, fn) -> asyncio.Future:
@@ -86,3 +98,31 @@ def _serves_auto_self_spec(loaded: LoadedModel) -> bool:
     except CannotServe:
         return False
     return True
+
+
+def _check_smallest_requests_fit(loaded: LoadedModel, decode: DecodeConfig, floor: RequestFloor) -> None:
+    """Refuse to start (one line from serve.py) when even a one-token request of a mode a request may pick
+    cannot fit: every such request would be refused. A sidecar block of 10**9 under a context of 2 * 10**9 passed
+    every other check and answered a MemoryError 500, or grew until the process was killed."""
+    from dataclasses import replace
+
+    from bdcore.serving_gate import CannotServe, resolve, served_modes
+
+    room = available_bytes()
+    if room is None:
+        return
+    for mode in dict.fromkeys((decode.mode, *served_modes(loaded.capabilities, "native"))):
+        try:
+            resolved = resolve(loaded.capabilities, replace(decode, mode=mode), "native")
+        except CannotServe:
+            continue  # serve.py refused the server's own mode already; a request asking for this one gets a 400
+        need = request_bytes(floor, resolved, 1, 1)
+        if need > room:
+            diffusion = mode == "diffusion"
+            flag, size = ("--block-size", resolved.block) if diffusion else ("--draft-len", resolved.draft_len)
+            which = "" if mode == decode.mode else ", which a request may pick"
+            raise ValueError(
+                f"{mode} mode{which}, with {flag} {size}: a one-token request needs at least {describe(need)}, more "
+                f"than the {describe(room)} this process can still allocate; serve with a smaller {flag}, or fix "
+                "bd_size in block_diffusion.json to the block size the checkpoint was trained with"
+            )
