@@ -209,7 +209,14 @@ def build_model(config: JobConfig, info: DistInfo, tokens: TokenizerParts) -> tu
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         fused = liger_available() if efficiency.fused_ce == "auto" else efficiency.fused_ce == "on"
         frozen = config.lora.draft_adapter and config.lora.draft_step == "cached"
-        return TwoStreamLM(model, config.diffusion, fused_ce=fused, router_aux_coef=router_aux, frozen_clean=frozen)
+        return TwoStreamLM(
+            model,
+            config.diffusion,
+            fused_ce=fused,
+            router_aux_coef=router_aux,
+            frozen_clean=frozen,
+            mask_id=None if mask_id < 0 else mask_id,
+        )
 
     def shard(lm):
         layers = lm.model.get_decoder().layers

@@ -9,6 +9,7 @@ from bdcore.sidecar import CANVAS_FILLS
 from train.cli_fields import check_floats, field_flag
 from train.cli_recipes import check_eval, check_model_id, check_opd, check_rl, eval_flags, recipe_flags
 from train.config import (
+    DRAFT_LOSSES,
     LOSS_WEIGHTINGS,
     OBJECTIVES,
     RECIPES,
@@ -120,6 +121,32 @@ def build_parser() -> argparse.ArgumentParser:
         f"which self-spec accepts first, weigh most (default {DRAFT_ADAPTER_PREFIX_GAMMA:g} with --draft_adapter, "
         "the best of a measured sweep; else 0: every position the same)",
         resolved=True,
+    )
+    field_flag(
+        b,
+        BD,
+        "draft_loss",
+        "what a drafting slot learns from: ce (default), the data's token; kl, KL(verifier || drafter) against the "
+        "clean-stream row that predicts the same token (the distribution self-spec verifies against: with "
+        "--draft_adapter the frozen base model, else the model's own AR head, detached), fillers past a document's "
+        "end by ce; mix, --draft_kl_mix of kl plus the rest ce. kl and mix need a causal clean stream "
+        "(--draft_adapter or --ar_loss_weight > 0)",
+        choices=DRAFT_LOSSES,
+    )
+    field_flag(b, BD, "draft_kl_mix", "the KL share of --draft_loss mix (default %(default)s)")
+    field_flag(
+        b,
+        BD,
+        "draft_temperature",
+        "both distributions of --draft_loss kl/mix at this temperature (default %(default)s)",
+    )
+    field_flag(
+        b,
+        BD,
+        "chain_weights",
+        "weight each drafting slot by the drafter's own probability (detached) that self-spec accepts every slot "
+        "before it in its block (1 - total variation to the verifier; the label's probability for fillers), on "
+        "top of --prefix_gamma: the loss goes where drafts fail",
     )
     field_flag(
         b,
@@ -258,6 +285,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     _check_ar_sft(args, chosen_by, bad)
     _check_lora(args, chosen_by, bad)
     _check_canvas_fill(args, bad)
+    _check_draft_loss(args, bad)
     if args.lr is None:
         args.lr = DRAFT_ADAPTER_LR if args.draft_adapter else FULL_FT_LR
     if args.prefix_gamma is None:
@@ -386,6 +414,28 @@ def _check_lora(args, chosen_by: str, bad) -> None:
         args.ar_loss_weight = 0.0
     elif args.ar_loss_weight is None:
         args.ar_loss_weight = BlockDiffusionConfig.ar_loss_weight
+
+
+def _check_draft_loss(args, bad) -> None:
+    """--draft_loss kl / mix distil from the clean stream's AR rows: refused where there are none."""
+    if not 0.0 <= args.draft_kl_mix <= 1.0:
+        bad("--draft_kl_mix", f"{args.draft_kl_mix} is a share: give one in [0, 1]")
+    if not args.draft_temperature > 0:
+        bad("--draft_temperature", f"{args.draft_temperature} must be > 0 (1: the distributions as they are)")
+    if args.draft_loss == "ce":
+        return
+    if args.recipe != "sft" or args.objective == "single_stream":
+        bad(
+            "--draft_loss",
+            f"{args.draft_loss} distils drafting rows from the clean stream: only --recipe sft with "
+            "the two_stream objective has both; use --draft_loss ce",
+        )
+    if not args.draft_adapter and not args.ar_loss_weight > 0:
+        bad(
+            "--draft_loss",
+            f"{args.draft_loss} takes its teacher from the clean stream's AR rows, an AR model only "
+            "when the clean stream is causal: add --draft_adapter or an --ar_loss_weight > 0",
+        )
 
 
 def _check_canvas_fill(args, bad) -> None:

@@ -8,6 +8,9 @@ from typing import ClassVar
 from bdcore.sidecar import CANVAS_FILLS, Sidecar
 
 LOSS_WEIGHTINGS = ("uniform", "inverse_rate")
+# What a drafting slot learns from: the data's token (ce), the verifier's distribution at the clean-stream row
+# that predicts the same token (kl: KL(verifier || drafter), the row self-spec verifies against), or both (mix).
+DRAFT_LOSSES = ("ce", "kl", "mix")
 # two_stream: clean stream + noised views, shifted targets, an AR head (docs/design.md section 2);
 # single_stream: one stream masked in place, unshifted targets, no AR head (train/single_stream.py).
 OBJECTIVES = ("two_stream", "single_stream")
@@ -43,6 +46,12 @@ class BlockDiffusionConfig:
     within_block_causal: bool = False
     loss_weighting: str = "uniform"
     prefix_gamma: float = 0.0
+    draft_loss: str = "ce"
+    draft_kl_mix: float = 0.5  # draft_loss mix: kl_mix * KL + (1 - kl_mix) * CE
+    draft_temperature: float = 1.0  # both distributions at this temperature (KL scaled by its square)
+    # weight each drafting slot by the drafter's own probability that the slots before it in its block are
+    # accepted (detached): the first slot a draft is likely to fail at weighs most, the slots past it little
+    chain_weights: bool = False
     min_rate: float = 1e-3
     objective: str = "two_stream"
     # "noise": every noised slot holds a uniform random id (no <|mask|>, no partial reveal), the draft layout of
@@ -71,6 +80,15 @@ class BlockDiffusionConfig:
             raise ValueError(f"loss_weighting={self.loss_weighting!r}: choose one of {LOSS_WEIGHTINGS}")
         if self.prefix_gamma < 0:
             raise ValueError(f"prefix_gamma={self.prefix_gamma} must be >= 0 (0: every draft position weighs the same)")
+        if self.draft_loss not in DRAFT_LOSSES:
+            raise ValueError(f"draft_loss={self.draft_loss!r}: choose one of {DRAFT_LOSSES}")
+        if not 0.0 <= self.draft_kl_mix <= 1.0 or not self.draft_temperature > 0:
+            raise ValueError("draft_kl_mix must lie in [0, 1] and draft_temperature be > 0")
+        if self.draft_loss != "ce" and (self.single_stream or self.views == 0):
+            raise ValueError(
+                f"draft_loss={self.draft_loss} distils from the clean stream's rows, which only the two-stream "
+                "objective with noised views has: use draft_loss=ce"
+            )
         if self.canvas_fill not in CANVAS_FILLS:
             raise ValueError(f"canvas_fill={self.canvas_fill!r}: choose one of {CANVAS_FILLS}")
         if self.canvas_fill == "noise" and (self.single_stream or self.views != 1):
@@ -82,6 +100,11 @@ class BlockDiffusionConfig:
             raise ValueError(f"min_rate={self.min_rate} must lie in (0, 1)")
         if self.clean_causal is None:
             object.__setattr__(self, "clean_causal", self.ar_loss_weight > 0)
+        if self.draft_loss != "ce" and not self.clean_causal:
+            raise ValueError(
+                f"draft_loss={self.draft_loss} takes its teacher from the clean stream's AR rows, which are an AR "
+                "model only when the clean stream is causal: give ar_loss_weight > 0 or a draft adapter"
+            )
         if self.ar_loss_weight > 0 and not self.clean_causal:
             raise ValueError(
                 "ar_loss_weight > 0 needs clean_causal=True: the AR loss trains the clean stream as a causal LM"
@@ -277,6 +300,10 @@ DIFFUSION_FLAGS = (
     "within_block_causal",
     "loss_weighting",
     "prefix_gamma",
+    "draft_loss",
+    "draft_kl_mix",
+    "draft_temperature",
+    "chain_weights",
     "views",
     "canvas_fill",
 )
@@ -318,6 +345,10 @@ class JobConfig:
                 within_block_causal=flags["within_block_causal"],
                 loss_weighting=flags["loss_weighting"],
                 prefix_gamma=flags["prefix_gamma"],
+                draft_loss=flags["draft_loss"],
+                draft_kl_mix=flags["draft_kl_mix"],
+                draft_temperature=flags["draft_temperature"],
+                chain_weights=flags["chain_weights"],
                 objective=flags["objective"],
                 canvas_fill=flags["canvas_fill"],
                 # a draft adapter's clean stream is the base model, which is causal

@@ -51,6 +51,87 @@ def token_ce(
     return torch.cat(parts)
 
 
+def _chunk_draft(
+    hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    has_teacher: torch.Tensor,
+    cfg: BlockDiffusionConfig,
+    ban: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = (hidden @ weight.t()).float()
+    with torch.no_grad():
+        teacher = (teacher_hidden @ weight.t()).float()
+    if ban is not None and ban < logits.shape[-1]:  # <|mask|>: never served, so neither side's mass goes there
+        logits, teacher = logits.clone(), teacher.clone()
+        logits[:, ban] = teacher[:, ban] = float("-inf")
+    t = cfg.draft_temperature
+    student_logp, teacher_logp = (logits / t).log_softmax(-1), (teacher / t).log_softmax(-1)
+    p = teacher_logp.exp()
+    kl = torch.where(p > 0, p * (teacher_logp - student_logp), torch.zeros_like(p)).sum(-1) * (t * t)
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    distilled = kl if cfg.draft_loss == "kl" else cfg.draft_kl_mix * kl + (1.0 - cfg.draft_kl_mix) * ce
+    term = ce if cfg.draft_loss == "ce" else torch.where(has_teacher, distilled, ce)
+    with torch.no_grad():  # how likely self-spec accepts this draft: 1 - TV(drafter, verifier) at temperature 1
+        probs = logits.softmax(-1)
+        accept = 1.0 - 0.5 * (probs - teacher.softmax(-1)).abs().sum(-1)
+        accept = torch.where(has_teacher, accept, probs.gather(-1, labels[:, None]).squeeze(-1))
+    return term, accept
+
+
+def draft_loss(
+    hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    has_teacher: torch.Tensor,
+    cfg: BlockDiffusionConfig,
+    *,
+    ban: int | None = None,
+    chunk_rows: int = 2048,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per drafting row: its loss under `cfg.draft_loss` against the verifier's rows `teacher_hidden` (detached:
+    the teacher is what self-spec verifies against, never trained through this term) and the data's `labels`,
+    and the probability (detached) that self-spec accepts its draft. A row where `has_teacher` is False (a
+    filler past its document's end, which no AR row predicts) learns its label by cross-entropy.
+    [M, H] x2 -> [M], [M] (fp32)."""
+    teacher_hidden = teacher_hidden.detach()
+    if hidden.shape[0] == 0:
+        zero = hidden.new_zeros(0, dtype=torch.float32)
+        return zero + 0.0 * weight.sum(), zero
+    terms, accepts = [], []
+    for start in range(0, hidden.shape[0], chunk_rows):
+        part = slice(start, start + chunk_rows)
+        args = (hidden[part], teacher_hidden[part], weight, labels[part], has_teacher[part], cfg, ban)
+        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+            term, accept = checkpoint(_chunk_draft, *args, use_reentrant=False)
+        else:
+            term, accept = _chunk_draft(*args)
+        terms.append(term)
+        accepts.append(accept.detach())
+    return torch.cat(terms), torch.cat(accepts)
+
+
+def chain_weights(accept: torch.Tensor, block: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """Each drafting slot's probability that every slot before it in its block is accepted: the product of
+    `accept` over the block's earlier offsets (their mean where several views draft one offset; a slot no view
+    drafts counts as accepted). Two complementary views draft every slot of a block once between them, so each
+    block's chain is whole. [M] -> [M], detached."""
+    accept, offset = accept.detach().double().clamp_min(1e-12), offset.long()
+    width = int(offset.max()) + 1 if offset.numel() else 1
+    pairs, where = torch.unique(block.long() * width + offset, return_inverse=True)  # sorted: by block, then offset
+    log_a = torch.zeros(len(pairs), dtype=torch.float64).index_add_(0, where, accept.log())
+    log_a /= torch.zeros(len(pairs), dtype=torch.float64).index_add_(0, where, torch.ones_like(accept))
+    before = log_a.cumsum(0) - log_a  # the sum over every earlier pair ...
+    owner = pairs // width
+    first = torch.ones_like(owner, dtype=torch.bool)
+    first[1:] = owner[1:] != owner[:-1]
+    start = torch.cummax(torch.where(first, torch.arange(len(pairs)), 0), 0).values
+    before = before - before[start]  # ... less the pairs of earlier blocks
+    return before.exp()[where].float()
+
+
 @dataclass
 class LossParts:
     loss: torch.Tensor  # (diff + w * ar) / (1 + w), what backward runs on
@@ -83,6 +164,7 @@ def combine_losses(
     diff_norm: float | torch.Tensor | None = None,
     ar_norm: float | torch.Tensor | None = None,
     diff_offset: torch.Tensor | None = None,
+    chain: torch.Tensor | None = None,
 ) -> LossParts:
     """Combine per-token CEs into the objective.
 
@@ -91,6 +173,10 @@ def combine_losses(
     mean with weights normalised to mean 1 equals sum(w * ce) / sum(w).
     """
     w = diffusion_weights(diff_rate, cfg, diff_offset)
+    if chain is not None:
+        # redistributes the micro-batch's weight, never its total: the trainer's normaliser (the sum of the
+        # fixed weights over every micro-batch, known before the forward) stays exact
+        w = w * chain * (w.sum() / (w * chain).sum().clamp_min(1e-12))
     d_den = w.sum() if diff_norm is None else diff_norm
     a_den = ar_ce.new_tensor(ar_ce.numel()) if ar_norm is None else ar_norm
     diff = (w * diff_ce).sum() / torch.clamp_min(torch.as_tensor(d_den, dtype=torch.float32), 1e-12)

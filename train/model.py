@@ -17,7 +17,7 @@ from bdcore.gated_delta import LINEAR_LAYER_TYPES, is_hybrid
 from train.config import BlockDiffusionConfig
 from train.frozen_clean import frozen_clean_hidden
 from train.hybrid import build_layout, patch_gated_delta_layers
-from train.loss import LossParts, combine_losses, liger_available, token_ce
+from train.loss import LossParts, chain_weights, combine_losses, draft_loss, liger_available, token_ce
 from train.rows import TwoStreamBatch
 from train.sparse_attention import NAME as SPARSE_SDPA
 from train.sparse_attention import register as register_sparse_sdpa
@@ -87,9 +87,12 @@ class TwoStreamLM(nn.Module):
         cpu_block_sparse: bool | None = None,
         router_aux_coef: float = 0.0,
         frozen_clean: bool = False,
+        mask_id: int | None = None,
     ):
         """`frozen_clean`: a draft-only adapter's step, the clean stream once without grad
-        (`train/frozen_clean.py`); dense models without a router loss only (else the joint forward)."""
+        (`train/frozen_clean.py`); dense models without a router loss only (else the joint forward).
+        `mask_id`: `<|mask|>`, which no served distribution holds: a distilled draft (`draft_loss` kl or mix)
+        and its teacher put no mass there."""
         super().__init__()
         check_supported_model(model)
         impl = getattr(model.config, "_attn_implementation", "sdpa")
@@ -114,6 +117,7 @@ class TwoStreamLM(nn.Module):
         self.router_aux_coef = router_aux_coef
         self._router_logits = None
         self.frozen_clean = frozen_clean and not self.hybrid and router_aux_coef == 0 and cfg.views > 0
+        self.mask_id = mask_id
 
     @property
     def mask_rule(self) -> dict:
@@ -179,18 +183,40 @@ class TwoStreamLM(nn.Module):
             return self.model.get_output_embeddings()(hidden[rows]).float()
         weight = self.model.get_output_embeddings().weight
         use_ar = self.cfg.ar_loss_weight > 0
-        index = torch.cat([batch.diff_index, batch.ar_index]) if use_ar else batch.diff_index
-        labels = torch.cat([batch.diff_labels, batch.ar_labels]) if use_ar else batch.diff_labels
+        distilled = self.cfg.draft_loss != "ce" or self.cfg.chain_weights
+        chain = None
+        if distilled:  # the drafting rows against the verifier's rows (train/loss.py draft_loss)
+            if batch.diff_teacher is None:
+                raise ValueError("draft_loss and chain_weights need each drafting row's clean-stream row")
+            diff, accept = draft_loss(
+                hidden[batch.diff_index],
+                hidden[batch.diff_teacher.clamp_min(0)],
+                weight,
+                batch.diff_labels,
+                batch.diff_teacher >= 0,  # no AR row predicts a filler past its document's end
+                self.cfg,
+                ban=self.mask_id,
+                chunk_rows=self.ce_chunk_rows,
+            )
+            if self.cfg.chain_weights:
+                chain = chain_weights(accept, batch.diff_block, batch.diff_offset)
+            keep = None if use_ar else 0  # the AR rows' CE only where the AR loss is trained
+            index, labels = batch.ar_index[:keep], batch.ar_labels[:keep]
+        else:
+            index = torch.cat([batch.diff_index, batch.ar_index]) if use_ar else batch.diff_index
+            labels = torch.cat([batch.diff_labels, batch.ar_labels]) if use_ar else batch.diff_labels
         ce = token_ce(hidden[index], weight, labels, chunk_rows=self.ce_chunk_rows, fused=self.fused_ce)
-        n_diff = batch.diff_index.numel()
+        if not distilled:
+            diff, ce = ce[: batch.diff_index.numel()], ce[batch.diff_index.numel() :]
         parts = combine_losses(
-            ce[:n_diff],
+            diff,
             batch.diff_rate,
-            ce[n_diff:],
+            ce,
             self.cfg,
             diff_norm=diff_norm,
             ar_norm=ar_norm,
             diff_offset=batch.diff_offset,
+            chain=chain,
         )
         if self._router_logits is not None:
             aux = router_aux_loss(self._router_logits, self.model.config, real=batch.meta.stream != PAD_STREAM)

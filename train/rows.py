@@ -61,6 +61,12 @@ class TwoStreamBatch:
     # which draft each diffusion target is: 0 for the token right after its block's seed (the first
     # draft self-spec verifies), 1 for the next ...
     diff_offset: torch.Tensor
+    # the flat index of the clean-stream row at the diffusion row's document and position: the AR row that
+    # predicts the same token, whose distribution self-spec verifies the draft against; -1 where the target is
+    # a filler past the document's end, which no AR row predicts (None: no clean stream)
+    diff_teacher: torch.Tensor | None = None
+    # which block of which document each diffusion target drafts in (one id per block of the batch; None: unknown)
+    diff_block: torch.Tensor | None = None
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -184,7 +190,7 @@ def build_batch(
         cols["bstart"].append(_pad(lay["bstart"], T, 0))
     t = {k: torch.stack(v) for k, v in cols.items()}
     meta = TokenMeta(*(t[f] for f in TokenMeta._fields))
-    ar_index, ar_labels, diff_index, diff_labels, diff_rate, diff_offset = _targets(
+    ar_index, ar_labels, diff_index, diff_labels, diff_rate, diff_offset, diff_teacher, diff_block = _targets(
         meta, t["clean"], t["masked"], t["rate"]
     )
     return TwoStreamBatch(
@@ -198,6 +204,8 @@ def build_batch(
         diff_labels=diff_labels,
         diff_rate=diff_rate,
         diff_offset=diff_offset,
+        diff_teacher=diff_teacher,
+        diff_block=diff_block,
     )
 
 
@@ -237,4 +245,33 @@ def _targets(meta: TokenMeta, clean: torch.Tensor, masked: torch.Tensor, rate: t
 
     ar_index, ar_labels, _, _ = flat(ar)
     diff_index, diff_labels, diff_rate, diff_offset = flat(diff)
-    return ar_index, ar_labels, diff_index, diff_labels, diff_rate, diff_offset
+    b, i = diff.nonzero(as_tuple=True)
+    teacher = _clean_row_at(meta, b, i)
+    # a block id per (batch row, document, block): the views of one block share it
+    blocks, docs = int(meta.blk.max()) + 2, int(meta.doc.max()) + 2
+    block = (b * docs + cur.doc[b, i] + 1) * blocks + cur.blk[b, i] + 1
+    return ar_index, ar_labels, diff_index, diff_labels, diff_rate, diff_offset, teacher, block
+
+
+def _clean_row_at(meta: TokenMeta, b: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """Flat indices of the clean-stream rows at the documents and positions of rows (b, i): a noised row at
+    position p predicts token p + 1 of its document, and so does the clean row at p (it shares the position id).
+    -1 where the document holds no token p + 1 (a filler of the last block: no AR row predicts it)."""
+    T = meta.pos.shape[1]
+    cb, ci = (meta.stream == CLEAN_STREAM).nonzero(as_tuple=True)
+    span, docs = int(meta.pos.max()) + 2, int(meta.doc.max()) + 2
+
+    def key(rb, ri, shift=0):
+        return (rb * docs + meta.doc[rb, ri] + 1) * span + meta.pos[rb, ri] + shift
+
+    keys, order = key(cb, ci).sort()
+    if not len(keys):
+        return torch.full_like(b, -1)
+
+    def find(want):
+        at = torch.searchsorted(keys, want).clamp(max=len(keys) - 1)
+        return at, keys[at] == want
+
+    at, here = find(key(b, i))
+    _, next_token = find(key(b, i, 1))
+    return torch.where(here & next_token, (cb * T + ci)[order][at], -1)
