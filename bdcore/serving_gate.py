@@ -239,7 +239,9 @@ def _check_ranges(s: DecodeConfig) -> None:
             raise CannotServe(f"--tree: {e}; or off, or auto", "tree") from None
     if not s.threshold >= 0.0:  # above 1: one slot per step (nothing is ever that confident)
         raise CannotServe(
-            f"threshold must be a number >= 0, got {s.threshold}; give one in [0, 1] (default 0.9)", "threshold"
+            f"threshold must be a number >= 0, got {s.threshold}; give one in [0, 1] "
+            f"(default {DecodeConfig.threshold})",
+            "threshold",
         )
 
 

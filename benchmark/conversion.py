@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from bdcore.decode.config import DecodeConfig
+
 ARMS = ("sft", "sft_self", "opd", "sft_opd", "sft_draft")
 REPO = Path(__file__).resolve().parents[1]
 
@@ -213,7 +215,12 @@ def main(argv=None) -> int:
         help="train.py flags of the sft_draft arm, after --train-flags",
     )
     p.add_argument("--max-tokens", type=int, default=64, help="answer cap in self-distillation and evaluation")
-    p.add_argument("--threshold", type=float, default=0.9, help="diffusion commit threshold at evaluation")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=DecodeConfig.threshold,
+        help=f"diffusion commit threshold at evaluation (default {DecodeConfig.threshold}, the server's)",
+    )
     p.add_argument("--limit", type=int, default=100, help="held-out prompts evaluated")
     p.add_argument("--out", required=True)
     p.add_argument("--eval-only", action="store_true", help="evaluate the arms an earlier run trained in --out")

@@ -32,8 +32,7 @@ def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, 
     from bdcore.decode.config import DecodeConfig
     from bdcore.decode.draft_quality import draft_quality
     from bdcore.decode.runner import ModelRunner
-    from bdcore.decode.tree import tree_setting
-    from bdcore.decode.tree_acceptance import TreeShape
+    from bdcore.decode.tree import TreeShape, tree_setting
     from bdcore.loading import load_checkpoint
     from bdcore.serving_gate import CannotServe, resolve
     from bdcore.tokens import end_of_turn_id

@@ -11,7 +11,8 @@
 #   distil     data.self_distill: the base's own greedy answers to the first TRAIN_LIMIT / HELD_LIMIT shipped
 #              stdlib prompts (0 = all; train set in bf16, held-out set in fp32 so that its answers are the
 #              served model's greedy path); cut answers are dropped and counted in the .stats.json files
-#   train      train.py with the recipe in RECIPE (default: the draft adapter the CPU sweep chose), the
+#   train      train.py with the recipe in RECIPE (default: the draft adapter the CPU sweep chose, which
+#              distils its drafts from the frozen base by KL: --draft_loss kl is its default), the
 #              trainer scoring the drafting metric on the held-out answers at the end
 #   quality    benchmark.draft_quality --compare-served: implied vs served self-spec tokens per forward
 #   serve      benchmark.serving.bench_decode, native engine: causal, diffusion and self-spec (linear) at

@@ -25,6 +25,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bdcore.decode.config import DecodeConfig
+
 REPO = Path(__file__).resolve().parents[1]
 RL_FLAGS = (
     "--recipe rl --rl_reward exact --rl_group_size 8 --rl_prompts_per_step 4 --rl_max_new_tokens 32 "
@@ -57,7 +59,6 @@ def _steps_for(args, out: Path, seconds: float, flags: list[str]) -> int:
 def rollout_vs_engine(checkpoint: Path, heldout_prompts: list[list[int]], max_tokens: int, threshold: float) -> float:
     """Seconds of `train.rollout.rollout` over the prompts (one batch, greedy, trace recorded) divided by
     the serving engine's diffusion decode of the same prompts (one batched scheduler run)."""
-    from bdcore.decode.config import DecodeConfig
     from bdcore.decode.sampling import SamplingParams
     from bdcore.loading import load_checkpoint
     from inference.native.engine import Engine
@@ -94,8 +95,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--threshold",
         type=float,
-        default=0.9,
-        help="diffusion commit threshold of the rollouts (--rl_threshold) and of the evaluation (default 0.9)",
+        default=DecodeConfig.threshold,
+        help="diffusion commit threshold of the rollouts (--rl_threshold) and of the evaluation "
+        f"(default {DecodeConfig.threshold})",
     )
     p.add_argument("--rl-flags", default=RL_FLAGS, help=f"train.py flags of the RL run (default: {RL_FLAGS})")
     p.add_argument(

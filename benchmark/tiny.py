@@ -93,18 +93,20 @@ def tiny_checkpoint(
     within_block_causal: bool = False,
     shift: bool = True,
     tokenizer=None,
+    tied: bool = True,
 ):
     """A servable block-diffusion checkpoint: tiny random model, char tokenizer (or `tokenizer`), <|mask|>,
-    sidecar. `shift=False`: an unshifted (single-stream) one, whose clean stream is block-causal."""
+    sidecar. `shift=False`: an unshifted (single-stream) one, whose clean stream is block-causal. `tied=False`:
+    its own output layer (lm_head.weight saved beside the embedding)."""
     from bdcore.sidecar import Sidecar, write_sidecar
     from data.toy_tokenizer import build_char_tokenizer
     from train.special_tokens import add_mask_token
 
     tok = tokenizer if tokenizer is not None else build_char_tokenizer()
     model = (
-        tiny_hybrid_model(seed=seed, vocab=len(tok))
+        tiny_hybrid_model(seed=seed, vocab=len(tok), tied=tied)
         if arch == "qwen3_5"
-        else tiny_model(arch, seed=seed, vocab=len(tok))
+        else tiny_model(arch, seed=seed, vocab=len(tok), tied=tied)
     )
     mask_id = add_mask_token(model, tok)
     model.save_pretrained(directory)

@@ -11,6 +11,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python inference/X.py` from a checkout: the packages live in its root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from inference.server_defaults import SERVER  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,11 +24,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="chat.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("prompt", nargs="?", help="one-shot message (omit for an interactive session)")
-    p.add_argument("--base-url", default=os.environ.get("BDSTACK_BASE_URL", "http://127.0.0.1:30000/v1"))
+    p.add_argument("--base-url", default=os.environ.get("BDSTACK_BASE_URL", SERVER.base_url))
     p.add_argument("--api-key", default=os.environ.get("BDSTACK_API_KEY", "none"))
     p.add_argument("--model", default=None, help="model id (default: the server's first model)")
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=SERVER.max_tokens)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--mode", default=None, help="bdstack servers: per-request decode mode")
     p.add_argument("--no-stream", action="store_true")

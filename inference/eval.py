@@ -25,6 +25,7 @@ if __package__ in (None, ""):  # `python inference/X.py` from a checkout: the pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference.eval_tasks import TASKS, Problem, load_problems  # noqa: E402
+from inference.server_defaults import SERVER  # noqa: E402
 
 
 def ask(client, model, problem: Problem, args) -> dict:
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
         prog="eval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("task", choices=sorted(TASKS))
-    p.add_argument("--base-url", default=os.environ.get("BDSTACK_BASE_URL", "http://127.0.0.1:30000/v1"))
+    p.add_argument("--base-url", default=os.environ.get("BDSTACK_BASE_URL", SERVER.base_url))
     p.add_argument("--api-key", default=os.environ.get("BDSTACK_API_KEY", "none"))
     p.add_argument("--model", default=None)
     p.add_argument("--data-file", default=None, help="local JSONL in the hub dataset's schema (offline runs)")

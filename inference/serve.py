@@ -29,9 +29,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python inference/X.py` from a checkout: the packages live in its root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bdcore.decode.config import AUTO, TREE_OFF, DecodeConfig  # noqa: E402
+from bdcore.decode.config import AUTO, SELF_SPEC_CANVASES, TREE_OFF, DecodeConfig  # noqa: E402
 from bdcore.decode.config import MODES as NATIVE_MODES  # noqa: E402
 from bdcore.serving_gate import resolve  # noqa: E402
+from inference.server_defaults import SERVER  # noqa: E402
 from inference.sglang_backend.command import FAMILIES as SGLANG_FAMILIES  # noqa: E402
 
 
@@ -64,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode mode (ours) or an upstream SGLang dLLM family (default: self-spec)",
     )
     p.add_argument("--backend", default="auto", choices=["auto", "native", "sglang", "vllm"])
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--host", default=SERVER.host, help=f"bind address (default {SERVER.host}: this machine only)")
+    p.add_argument("--port", type=int, default=SERVER.port)
     p.add_argument(
         "--api-key",
         default=os.environ.get("BDSTACK_API_KEY"),
@@ -77,8 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument(
         "--max-request-bytes",
         type=int,
-        default=4 * 2**20,
-        help="refuse request bodies larger than this with 413 (default 4194304: 4 MiB)",
+        default=SERVER.max_request_bytes,
+        help=f"refuse request bodies larger than this with 413 (default {SERVER.max_request_bytes}: "
+        f"{SERVER.max_request_bytes / 2**20:g} MiB)",
     )
     n.add_argument(
         "--allow-client-chat-template",
@@ -88,18 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument(
         "--chat-template-timeout",
         type=float,
-        default=2.0,
+        default=SERVER.chat_template_timeout_s,
         metavar="SECONDS",
         help="stop rendering a client's chat template after this long and refuse the request with 400 "
-        "(default 2; its output is also stopped once longer than the context can hold)",
+        f"(default {SERVER.chat_template_timeout_s:g}; its output is also stopped once longer than the context "
+        "can hold)",
     )
     n.add_argument(
         "--header-timeout",
         type=float,
-        default=20.0,
+        default=SERVER.header_timeout_s,
         metavar="SECONDS",
         help="close a connection that has not sent a whole request head this long after it opened or after "
-        "its previous reply (default 20; request bodies and replies are not timed)",
+        f"its previous reply (default {SERVER.header_timeout_s:g}; request bodies and replies are not timed)",
     )
     n = p.add_argument_group("native engine")
     n.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
@@ -110,7 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: bf16 on CUDA and on CPUs with native bf16 (AVX512-BF16 / AMX), else fp32",
     )
     n.add_argument("--block-size", type=int, default=None, help="diffusion canvas size (default: trained bd_size)")
-    n.add_argument("--threshold", type=float, default=0.9, help="diffusion commit confidence (default 0.9)")
+    n.add_argument(
+        "--threshold",
+        type=float,
+        default=DecodeConfig.threshold,
+        help=f"diffusion commit confidence (default {DecodeConfig.threshold})",
+    )
     n.add_argument("--steps", type=int, default=None, help="diffusion denoise steps per block (default: block-1)")
     n.add_argument(
         "--draft-len",
@@ -124,10 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument(
         "--self-spec-canvases",
         default=None,
-        choices=["last", "all", "auto"],
+        choices=SELF_SPEC_CANVASES,
         help="self-spec verify forwards draft after the last clean row only (a rejection then costs a cold "
         "step), after every clean row (no cold steps, N*N rows a forward), or auto: after the rows the engine "
-        "chooses each step, from measured cost and acceptance. Default: auto on the native engine, last on SGLang",
+        "chooses each step, from measured cost and acceptance. Default: auto on the native engine, "
+        f"{DecodeConfig.self_spec_canvases} on SGLang",
     )
     n.add_argument(
         "--tree",
@@ -137,13 +146,18 @@ def build_parser() -> argparse.ArgumentParser:
         "W1,W2,... (candidates per depth, 1-4; e.g. 2,2) or spine:W1,... (only the argmax chain branches). "
         "Native engine only: SGLang and vLLM refuse it",
     )
-    n.add_argument("--max-tokens", type=int, default=512, help="default max_tokens when a request gives none")
+    n.add_argument(
+        "--max-tokens",
+        type=int,
+        default=SERVER.max_tokens,
+        help=f"default max_tokens when a request gives none ({SERVER.max_tokens})",
+    )
     n.add_argument(
         "--max-batch",
         type=int,
-        default=8,
-        help="requests decoded together (default 8; 1: one at a time); with --backend sglang it becomes "
-        "--max-running-requests for the dLLM modes and families, with --backend vllm --max-num-seqs",
+        default=SERVER.max_batch,
+        help=f"requests decoded together (default {SERVER.max_batch}; 1: one at a time); with --backend sglang it "
+        "becomes --max-running-requests for the dLLM modes and families, with --backend vllm --max-num-seqs",
     )
     s = p.add_argument_group("SGLang backend")
     s.add_argument(
@@ -222,7 +236,7 @@ def child_settings(args) -> dict:
         threshold=args.threshold,
         steps=args.steps,
         draft_len=args.draft_len,
-        self_spec_canvases=args.self_spec_canvases or "last",
+        self_spec_canvases=args.self_spec_canvases or DecodeConfig.self_spec_canvases,
     )
 
 

@@ -37,7 +37,7 @@ NUMERIC_UNIT = [
     "test_rl_rollout_batch.py", "test_self_spec_bonus.py", "test_sparse_attention.py", "test_special_tokens.py",
     "test_student_rollout_attention.py", "test_trajectory.py", "test_tree_decode.py", "test_vector_math.py",
     "test_vllm_draft_adapter.py", "test_vllm_sampler.py", "test_vllm_steps.py", "test_decode_rules.py",
-    "test_rl.py", "test_single_stream.py", "test_loss.py",
+    "test_rl.py", "test_single_stream.py", "test_loss.py", "test_draft_distill.py",
 ]  # fmt: skip
 # ... and the in-process equivalence sweeps marked e2e for their length (no torchrun, no server).
 NUMERIC_SWEEPS = ["test_invariant_4_self_spec.py", "test_reference_decoder.py", "test_scheduler.py"]

@@ -46,7 +46,7 @@ def test_walk_replays_the_decoder_by_hand():
 def test_walk_with_a_tree_by_hand():
     """A tree accepts the AR tokens among each depth's candidates (the ranks); the canvases follow the argmax
     chain, so a path through a side candidate leaves no drafts, as a rejection does in linear mode."""
-    from bdcore.decode.tree_acceptance import TreeShape
+    from bdcore.decode.tree import TreeShape
 
     # anchors 10..18 of an answer ending at 19; ranks of the AR token in each of the 3 slots
     ranks = [[0, 1, 0], [1, 0, 0], [0, 0, 0], [0, 0, 0], [2, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]]

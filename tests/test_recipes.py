@@ -45,7 +45,7 @@ SECTIONS = (
     RLSection,
 )
 # Flags that default to None and are resolved by validate() (to the field's default where nothing else decides).
-RESOLVED = {"recipe", "views", "ar_loss_weight", "lr", "opd_ar_weight", "prefix_gamma"}
+RESOLVED = {"recipe", "views", "ar_loss_weight", "lr", "opd_ar_weight", "prefix_gamma", "draft_loss"}
 
 
 def _config(*extra: str) -> JobConfig:

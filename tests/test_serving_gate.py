@@ -12,10 +12,13 @@ That each backend's entry point asks the gate (and nothing else) is tests/test_s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from bdcore.capabilities import MODES, Capabilities
 from bdcore.decode.config import DecodeConfig
+from bdcore.decode.tree import TreeShape
 from bdcore.serving_gate import BACKENDS, VLLM_ARCHITECTURES, CannotServe, resolve, served_modes, serves
 from bdcore.sidecar import Sidecar
 
@@ -205,9 +208,13 @@ def test_sglang_and_vllm_run_fixed_layouts(backend):
 def test_native_draft_trees_resolve():
     caps = caps_of("dense")
     r = resolve(caps, DecodeConfig(mode=S, draft_len="auto", tree="auto"), "native")
-    assert r.tree == "auto" and r.auto_draft().trees == "auto" and r.tree_shape() is None
+    assert r.tree == "auto" and r.auto_draft().trees == "auto" and r.tree_shape is None
     r = resolve(caps, DecodeConfig(mode=S, draft_len=4, tree="spine:2,2"), "native")
-    assert r.auto_draft() is None and r.tree_shape().label == "spine(2,2)"
-    assert resolve(caps, DecodeConfig(mode=C, tree="auto"), "native").tree_shape() is None  # self-spec only
+    assert r.auto_draft() is None and r.tree_shape == TreeShape((2, 2), spine=True)  # parsed once, at resolve
+    assert replace(r, mode=C).tree_shape is None  # the shape follows the settings it was parsed from
+    r = resolve(caps, DecodeConfig(mode=S, draft_len="auto", tree="4,2"), "native")
+    assert r.auto_draft().trees == r.tree_shape == TreeShape((4, 2))  # the policy is handed the parsed shape
+    for tree in ("auto", "2,2"):  # self-spec only
+        assert resolve(caps, DecodeConfig(mode=C, tree=tree), "native").tree_shape is None
     fixed = resolve(caps, DecodeConfig(mode=S, draft_len=4, tree="auto"), "native")  # no policy: chains
-    assert fixed.auto_draft() is None and fixed.tree_shape() is None
+    assert fixed.auto_draft() is None and fixed.tree_shape is None

@@ -9,8 +9,8 @@ from bdcore.decode.draft_quality import draft_quality, rank_among
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sequence import SequenceCache
+from bdcore.decode.tree import TreeShape
 from bdcore.decode.tree_acceptance import (
-    TreeShape,
     accepted_depth,
     default_shapes,
     linear_shape,

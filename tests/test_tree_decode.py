@@ -13,8 +13,7 @@ import torch
 from bdcore.decode.driver import DecodeDriver, DecodeLoop
 from bdcore.decode.rows import Rows, decode_mask
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.tree import build_tree, cut, parse_tree, tree_setting, verify_greedy
-from bdcore.decode.tree_acceptance import TreeShape
+from bdcore.decode.tree import TreeShape, build_tree, cut, parse_tree, tree_setting, verify_greedy
 from bdcore.loading import load_checkpoint
 from inference.native.engine import DecodeConfig, Engine
 from tests import reference_decoder as ref

@@ -14,9 +14,8 @@ from bdcore.decode.acceptance import AlternativeEstimate, DraftAcceptance, Draft
 from bdcore.decode.cost import ForwardCost
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.speculation import Layout, SpeculationPolicy, cycle, layouts
-from bdcore.decode.tree import cut
-from bdcore.decode.tree_acceptance import TreeShape
-from bdcore.decode.tree_policy import AUTO_SHAPES, tree_outcome, tree_shapes
+from bdcore.decode.tree import SHAPES, TreeShape, cut
+from bdcore.decode.tree_policy import tree_outcome, tree_shapes
 from bdcore.loading import load_checkpoint
 from inference.native.engine import DecodeConfig, Engine
 from inference.native.scheduler import Scheduler
@@ -109,7 +108,8 @@ def test_batch_policy_with_trees_equals_the_brute_force_rule():
         for _ in range(rng.randint(2, 5)):
             alts = [tuple(sorted([0.0] + [rng.random() for _ in range(3)])) for _ in range(4)]
             rates.append(DraftRates([rng.random() for _ in range(4)], [rng.random() for _ in range(4)], alts))
-            options.append(layouts(4, rng.choice(["last", "all", "auto"]), None, rng.choice(["auto", "2,2"])))
+            trees = rng.choice(["auto", TreeShape((2, 2))])
+            options.append(layouts(4, rng.choice(["last", "all", "auto"]), None, trees))
         got = policy.choose(rates, options)
         assert got == _batch_choice_by_brute_force(policy, rates, options), trial
 
@@ -122,11 +122,11 @@ def test_layouts_with_trees():
         trees = {(o.tree, o.first_canvas) for o in auto if o.drafts == n and o.tree is not None}
         assert trees == {(s, m) for s in tree_shapes(n, "auto") for m in (0, n)}
         assert len({cut(s, n) for s in tree_shapes(n, "auto")}) == len(tree_shapes(n, "auto"))
-    forced = layouts(3, "last", None, "spine:2")
+    forced = layouts(3, "last", None, TreeShape((2,), spine=True))
     assert forced == [Layout(0, 0, 0)] + [Layout(n, n, n, tree=TreeShape((2,), spine=True)) for n in (1, 2, 3)]
     assert Layout(3, 3, 3, tree=TreeShape((2, 2))).rows == 1 + (2 + 4 + 4) + 3
     # at depth 1: (2,) as a spine, (2,) full (as (2, 2)), (4,) (as (4, 2)), (3,)
-    assert tree_shapes(1, "auto") == [AUTO_SHAPES[i] for i in (0, 1, 3, 5)]
+    assert tree_shapes(1, "auto") == [SHAPES[i] for i in (0, 1, 3, 5)]
 
 
 def test_alternative_estimate_by_hand():

@@ -46,6 +46,11 @@ DRAFT_ADAPTER_LR = 3e-3
 # j-th draft by exp(-j/4) drafted best of {0, 2, 4} on SmolLM2 at 10 CPU minutes
 # (docs/history/results-notebook.md, "Session 40").
 DRAFT_ADAPTER_PREFIX_GAMMA = 4.0
+# A draft adapter's clean stream is the frozen base, the very distribution self-spec verifies against: its drafts
+# learn that distribution (KL) rather than one token each. On SmolLM2 at an equal 8-minute budget, KL drafted
+# 1.405 implied linear tokens per forward against cross-entropy's 1.364 (all canvases 1.730 / 1.654; first draft
+# accepted 52.8% / 48.1%), docs/history/results-notebook.md "Session 50".
+DRAFT_ADAPTER_DRAFT_LOSS = "kl"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,11 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
         b,
         BD,
         "draft_loss",
-        "what a drafting slot learns from: ce (default), the data's token; kl, KL(verifier || drafter) against the "
+        "what a drafting slot learns from: ce, the data's token; kl, KL(verifier || drafter) against the "
         "clean-stream row that predicts the same token (the distribution self-spec verifies against: with "
         "--draft_adapter the frozen base model, else the model's own AR head, detached), fillers past a document's "
         "end by ce; mix, --draft_kl_mix of kl plus the rest ce. kl and mix need a causal clean stream "
-        "(--draft_adapter or --ar_loss_weight > 0)",
+        f"(--draft_adapter or --ar_loss_weight > 0). Default {DRAFT_ADAPTER_DRAFT_LOSS} with --draft_adapter (it "
+        "drafted better than ce at an equal budget), else ce",
+        resolved=True,
         choices=DRAFT_LOSSES,
     )
     field_flag(b, BD, "draft_kl_mix", "the KL share of --draft_loss mix (default %(default)s)")
@@ -417,7 +424,11 @@ def _check_lora(args, chosen_by: str, bad) -> None:
 
 
 def _check_draft_loss(args, bad) -> None:
-    """--draft_loss kl / mix distil from the clean stream's AR rows: refused where there are none."""
+    """--draft_loss kl / mix distil from the clean stream's AR rows: refused where there are none. Unset, a draft
+    adapter's SFT distils (its clean stream is the frozen verifier), everything else learns the data's tokens."""
+    if args.draft_loss is None:
+        distils = args.draft_adapter and args.recipe == "sft" and args.objective != "single_stream"
+        args.draft_loss = DRAFT_ADAPTER_DRAFT_LOSS if distils else BlockDiffusionConfig.draft_loss
     if not 0.0 <= args.draft_kl_mix <= 1.0:
         bad("--draft_kl_mix", f"{args.draft_kl_mix} is a share: give one in [0, 1]")
     if not args.draft_temperature > 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import ClassVar
 
+from bdcore.decode.config import DecodeConfig
 from bdcore.sidecar import CANVAS_FILLS, Sidecar
 
 LOSS_WEIGHTINGS = ("uniform", "inverse_rate")
@@ -250,7 +251,7 @@ class OPDSection:
     RESUME_MUST_MATCH: ClassVar = ("opd_prompts_per_step", "opd_states_per_block", "opd_slots")
 
     opd_teacher: str | None = None  # the frozen AR teacher (default: --model_id as loaded, before conversion)
-    opd_threshold: float = 0.9  # rollout commit threshold (the server's default)
+    opd_threshold: float = DecodeConfig.threshold  # rollout commit threshold (the server's default)
     opd_temperature: float = 0.0  # rollout sampling temperature (0: greedy, the server's default)
     opd_max_new_tokens: int = 128
     opd_prompts_per_step: int = 4  # rollouts per rank per optimizer step
@@ -273,7 +274,7 @@ class RLSection:
     rl_updates_per_batch: int = 1  # optimizer steps per rollout batch
     rl_rollout_mode: str = "diffusion"  # diffusion | self-spec | causal: the decode mode of the rollouts
     rl_temperature: float = 1.0  # rollout sampling temperature
-    rl_threshold: float = 0.9  # rollout commit threshold
+    rl_threshold: float = DecodeConfig.threshold  # rollout commit threshold (the server's default)
     rl_max_new_tokens: int = 128
     rl_clip_low: float = 0.2  # ratio clipped to [1 - low, 1 + high]; DAPO's clip-higher: high > low (0.28)
     rl_clip_high: float = 0.2

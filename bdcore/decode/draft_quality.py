@@ -28,9 +28,9 @@ import torch
 from bdcore.decode.canvas_fill import CanvasFill
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.sequence import SequenceCache
+from bdcore.decode.tree import TreeShape
 from bdcore.decode.tree_acceptance import (
     TOP_K,
-    TreeShape,
     accepted_depth,
     default_shapes,
     topk_path_acceptance,

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 
 from bdcore.decode.config import ResolvedDecode
-from bdcore.decode.tree import parse_tree
 
 GIB = 1 << 30
 
@@ -60,8 +59,8 @@ def largest_forward_rows(decode: ResolvedDecode, prompt: int) -> int:
         step = decode.block
     elif decode.mode == "self-spec":
         step = decode.draft_len * decode.draft_len if decode.canvases == "all" else decode.draft_len
-        if decode.tree_shape() is not None:
-            step = max(step, parse_tree(decode.tree).nodes + 1)
+        if decode.tree_shape is not None:
+            step = max(step, decode.tree_shape.nodes + 1)
     else:
         step = 1
     return max(prompt, step)

@@ -14,13 +14,21 @@ from dataclasses import dataclass
 import torch
 
 from bdcore.decode.acceptance import DraftAcceptance
-from bdcore.decode.config import ResolvedDecode
+from bdcore.decode.config import DecodeConfig, ResolvedDecode
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.rules import block_decided, denoise_step, first_stop, greedy_accept, speculative_accept
 from bdcore.decode.sequence import Sequence
 from bdcore.decode.speculation import AutoDraft, Layout, fixed_layout
-from bdcore.decode.tree import CANDIDATES, DraftTree, KeptPath, build_tree, cut, top_candidates, verify_greedy
-from bdcore.decode.tree_acceptance import TreeShape
+from bdcore.decode.tree import (
+    CANDIDATES,
+    DraftTree,
+    KeptPath,
+    TreeShape,
+    build_tree,
+    cut,
+    top_candidates,
+    verify_greedy,
+)
 
 
 @dataclass
@@ -206,7 +214,14 @@ class SelfSpecDecoder(Decoder):
     Any layout, any step, emits the AR head's tokens (greedy acceptance, or rejection sampling against the
     drafts' own distributions): the layout changes speed, never the output."""
 
-    def __init__(self, seq: Sequence, *, draft_len: int, canvases: str = "last", tree: TreeShape | None = None):
+    def __init__(
+        self,
+        seq: Sequence,
+        *,
+        draft_len: int,
+        canvases: str = DecodeConfig.self_spec_canvases,
+        tree: TreeShape | None = None,
+    ):
         super().__init__(seq)
         self.N = draft_len
         tree = tree if seq.params.greedy else None  # sampled requests verify the chain (rejection sampling)
@@ -375,4 +390,4 @@ def make_decoder(decode: ResolvedDecode, seq: Sequence) -> Decoder:
         return DiffusionDecoder(
             seq, block=decode.block, budget=decode.budget, threshold=decode.threshold, fuse_commit=decode.fuse_commit
         )
-    return SelfSpecDecoder(seq, draft_len=decode.draft_len, canvases=decode.canvases, tree=decode.tree_shape())
+    return SelfSpecDecoder(seq, draft_len=decode.draft_len, canvases=decode.canvases, tree=decode.tree_shape)

@@ -33,11 +33,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from bdcore.decode.acceptance import DraftRates
-from bdcore.decode.tree import cut
-from bdcore.decode.tree_acceptance import TreeShape
+from bdcore.decode.tree import TreeShape, cut
 from bdcore.decode.tree_policy import TreeWalk, tree_shapes, tree_walk
 
-CANVAS_CHOICES = ("last", "all", "auto")
 PROBE_EVERY = 32  # causal steps before a request drafts again to re-measure its acceptance
 # In a batch, rows past the fewest any sequence needs must buy this much more speed than the fewest. At 4-8
 # requests on a CPU the estimated tokens of a batch's drafting forwards ran ~6% above what they emitted, and
@@ -54,7 +52,7 @@ class AutoDraft:
     max_drafts: int  # N - 1
     canvases: str  # "last" | "all" | "auto"
     fixed_drafts: int | None  # None: the draft length is chosen too
-    trees: str = "off"  # "off", "auto" (weighed beside the chains) or a shape every verify uses (greedy only)
+    trees: str | TreeShape = "off"  # "off", "auto" (weighed beside the chains) or the shape every verify uses
 
 
 @dataclass(frozen=True)
@@ -188,10 +186,10 @@ def _tokens_and_cold(layout: Layout, fresh: _Chain, stale: _Chain) -> tuple[floa
     return (1 - p) * tokens_f + p * tokens_s, (1 - p) * cold_f + p * cold_s
 
 
-def layouts(max_drafts: int, canvases: str, fixed: int | None, trees: str = "off") -> list[Layout]:
+def layouts(max_drafts: int, canvases: str, fixed: int | None, trees: str | TreeShape = "off") -> list[Layout]:
     """The layouts a policy may pick: `fixed` drafts (None: 0 = causal .. max_drafts) and canvases after
     the last row, after every row, or ("auto") after every row from any first one on. `trees` (greedy
-    requests): "auto" adds the draft trees of `tree_policy.AUTO_SHAPES` with canvases after the last spine row
+    requests): "auto" adds the draft trees of `tree.SHAPES` with canvases after the last spine row
     or every one; a shape replaces every chain by that tree, with the chains' canvases."""
     counts = [fixed] if fixed is not None else range(max_drafts + 1)
     out = []

@@ -2,7 +2,7 @@
 
 A canvas drafts all its slots in one forward, so slot j's logits do not depend on the token chosen at slot
 i < j: under every node at depth j - 1 the tree offers the same top-k_j candidates of slot j
-(`bdcore.decode.tree_acceptance.TreeShape` gives the k_j, and whether only the argmax chain has children).
+(`TreeShape` gives the k_j, and whether only the argmax chain has children).
 The verify forward carries the pending token (the root) and every node as clean rows; a node sits at the
 position of its depth and sees the committed prefix and its ancestors only (`ancestry`, laid over the
 attention rule by `bdcore.decode.rows.decode_mask`), so its AR logits are those of a causal forward over
@@ -18,14 +18,58 @@ an acceptance along the spine keeps a prefix of the rows, as a linear verify's c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 from typing import TYPE_CHECKING, NamedTuple
-
-from bdcore.decode.tree_acceptance import TOP_K, TreeShape
 
 if TYPE_CHECKING:  # torch is imported where it is used: the serving gate reads shapes stdlib-only
     import torch
 
-CANDIDATES = TOP_K  # candidates kept per drafted slot: the widest a tree may offer
+CANDIDATES = 4  # candidates kept per drafted slot: the widest a tree may offer
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """`widths[d]`: candidates offered at depth d + 1 (slot d + 1 of the canvas). A full tree gives every node
+    at depth d `widths[d]` children; a spine gives children to the top-1 node only (a chain of argmax drafts
+    with `widths[d] - 1` leaf alternatives at each depth), which costs the sum of the widths, not their
+    running products."""
+
+    widths: tuple[int, ...]
+    spine: bool = False
+
+    def __post_init__(self):
+        if not self.widths or min(self.widths) < 1:
+            raise ValueError(f"tree widths {self.widths}: one or more depths, each offering at least one token")
+
+    @property
+    def depth(self) -> int:
+        return len(self.widths)
+
+    @property
+    def nodes(self) -> int:
+        """Draft tokens one verify forward carries (its rows besides the pending token's)."""
+        if self.spine:
+            return sum(self.widths)
+        return sum(prod(self.widths[: d + 1]) for d in range(self.depth))
+
+    @property
+    def label(self) -> str:
+        widths = ",".join(map(str, self.widths))
+        return f"spine({widths})" if self.spine else f"({widths})"
+
+
+# The one list of tree shapes (their leading widths; deeper depths are a chain): the ones `--tree auto`
+# weighs (`bdcore.decode.tree_policy`) and the drafting metric reports (`bdcore.decode.tree_acceptance`), as
+# measured on the real checkpoint (docs/design.md 8.17), a spine offering a second candidate at every depth
+# first. A full tree's nodes grow with the product of its widths, so wider ones are left to `--tree W1,W2,...`.
+SHAPES = (
+    TreeShape((2,) * 16, spine=True),
+    TreeShape((2,)),
+    TreeShape((2, 2)),
+    TreeShape((4,)),
+    TreeShape((4, 2)),
+    TreeShape((3, 3, 2)),
+)
 
 
 @dataclass(frozen=True)

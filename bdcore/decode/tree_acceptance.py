@@ -15,44 +15,10 @@ leading zeros, today's `accepted`).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from math import prod
 
-TOP_K = 4  # the per-slot table's widest k
+from bdcore.decode.tree import CANDIDATES, SHAPES, TreeShape
 
-# The default shapes' leading widths; the rest of the canvas is a chain (width 1).
-DEFAULT_HEADS = [(), (2,), (2, 2), (4,), (4, 2), (3, 3, 2)]
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """`widths[d]`: candidates offered at depth d + 1 (slot d + 1 of the canvas). A full tree gives every node
-    at depth d `widths[d]` children; a spine gives children to the top-1 node only (a chain of argmax drafts
-    with `widths[d] - 1` leaf alternatives at each depth), which costs the sum of the widths, not their
-    running products."""
-
-    widths: tuple[int, ...]
-    spine: bool = False
-
-    def __post_init__(self):
-        if not self.widths or min(self.widths) < 1:
-            raise ValueError(f"tree widths {self.widths}: one or more depths, each offering at least one token")
-
-    @property
-    def depth(self) -> int:
-        return len(self.widths)
-
-    @property
-    def nodes(self) -> int:
-        """Draft tokens one verify forward carries (its rows besides the pending token's)."""
-        if self.spine:
-            return sum(self.widths)
-        return sum(prod(self.widths[: d + 1]) for d in range(self.depth))
-
-    @property
-    def label(self) -> str:
-        widths = ",".join(map(str, self.widths))
-        return f"spine({widths})" if self.spine else f"({widths})"
+TOP_K = CANDIDATES  # the per-slot table's widest k: the most candidates a tree offers
 
 
 def linear_shape(draft_len: int) -> TreeShape:
@@ -61,11 +27,12 @@ def linear_shape(draft_len: int) -> TreeShape:
 
 
 def default_shapes(draft_len: int) -> list[TreeShape]:
-    """The shapes the benchmark reports, cut or padded with chain depths to the canvas's N - 1 slots."""
+    """The shapes the benchmark reports: the chain, then `bdcore.decode.tree.SHAPES`' full trees cut or padded
+    with chain depths to the canvas's N - 1 slots, then its spines offering their width at every slot."""
     depth = draft_len - 1
-    shapes = [TreeShape((*head, *(1,) * depth)[:depth]) for head in DEFAULT_HEADS]
-    shapes.append(TreeShape((2,) * depth, spine=True))
-    return list(dict.fromkeys(shapes))  # a short canvas can make two heads the same shape
+    full = [TreeShape((*s.widths, *(1,) * depth)[:depth]) for s in SHAPES if not s.spine]
+    spines = [TreeShape((s.widths[0],) * depth, spine=True) for s in SHAPES if s.spine]
+    return list(dict.fromkeys([linear_shape(draft_len), *full, *spines]))  # a short canvas can make two the same
 
 
 def accepted_depth(ranks: list[int], shape: TreeShape) -> int:

@@ -12,30 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bdcore.decode.tree import cut, parse_tree
-from bdcore.decode.tree_acceptance import TreeShape
+from bdcore.decode.tree import SHAPES, TreeShape, cut
 
-# The shapes `--tree auto` weighs (their leading widths; deeper depths are a chain): the ones measured on the
-# real checkpoint (docs/design.md 8.17), a spine offering a second candidate at every depth first. A full
-# tree's nodes grow with the product of its widths, so wider ones are left to `--tree W1,W2,...`.
-AUTO_SHAPES = (
-    TreeShape((2,) * 16, spine=True),
-    TreeShape((2,)),
-    TreeShape((2, 2)),
-    TreeShape((4,)),
-    TreeShape((4, 2)),
-    TreeShape((3, 3, 2)),
-)
 TREE_CHOICES = ("off", "auto")  # or a shape: "W1,W2,..." / "spine:W1,..." (bdcore.decode.tree.parse_tree)
 
 
-def tree_shapes(depth: int, setting: str) -> list[TreeShape]:
+def tree_shapes(depth: int, setting: str | TreeShape) -> list[TreeShape]:
     """The tree shapes a step of `depth` drafts may verify under the `tree` setting ("off": none; "auto":
-    AUTO_SHAPES; a shape: that one), the first of those that cut to the same tree at `depth`; none that cuts
-    to a chain (that is the linear layout)."""
+    `bdcore.decode.tree.SHAPES`; a shape, parsed once where the settings are resolved: that one), the first of
+    those that cut to the same tree at `depth`; none that cuts to a chain (that is the linear layout)."""
     if setting == "off":
         return []
-    family = AUTO_SHAPES if setting == "auto" else (parse_tree(setting),)
+    family = SHAPES if setting == "auto" else (setting,)
     by_cut: dict[TreeShape, TreeShape] = {}
     for shape in family:
         tree = cut(shape, depth)

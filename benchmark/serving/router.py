@@ -16,6 +16,8 @@ import httpx2 as httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from inference.server_defaults import SERVER
+
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "host"}
 
 
@@ -100,8 +102,8 @@ def main(argv=None) -> None:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", required=True, help="comma-separated base URLs (without /v1)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--host", default=SERVER.host)
+    p.add_argument("--port", type=int, default=SERVER.port)
     args = p.parse_args(argv)
     uvicorn.run(create_router(args.replicas.split(",")), host=args.host, port=args.port, log_level="warning")
 

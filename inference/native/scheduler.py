@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from bdcore.decode.driver import DecodeLoop
 from bdcore.decode.modes import Decoder
 from inference.native.engine import Engine, Generation, TextOutput
+from inference.server_defaults import SERVER
 
 STOP_POLL_S = 0.2  # how soon an idle `run_here` notices its stop
 
@@ -31,7 +32,7 @@ class _Job:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, max_batch: int = 8):
+    def __init__(self, engine: Engine, max_batch: int = SERVER.max_batch):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.engine, self.max_batch = engine, max_batch

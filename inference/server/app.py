@@ -17,10 +17,10 @@ from inference.native.engine import DecodeConfig
 from inference.server.generation import handle
 from inference.server.prometheus import ServerMetrics
 from inference.server.protocol import APIError, internal_error
-from inference.server.request_checks import DEFAULT_MAX_REQUEST_BYTES, RequireKey
+from inference.server.request_checks import RequireKey
 from inference.server.responses import now
 from inference.server.state import ServerState
-from inference.server.template_limits import DEFAULT_TIMEOUT_S
+from inference.server_defaults import SERVER
 
 log = logging.getLogger("bdstack.server")
 
@@ -31,11 +31,11 @@ def create_app(
     *,
     model_name: str,
     api_key: str | None = None,
-    default_max_tokens: int = 512,
-    max_batch: int = 8,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    default_max_tokens: int = SERVER.max_tokens,
+    max_batch: int = SERVER.max_batch,
+    max_request_bytes: int = SERVER.max_request_bytes,
     allow_client_chat_template: bool = False,
-    chat_template_timeout: float = DEFAULT_TIMEOUT_S,
+    chat_template_timeout: float = SERVER.chat_template_timeout_s,
 ) -> FastAPI:
     state = ServerState.build(
         loaded,

@@ -88,9 +88,9 @@ def sampling_params(body: dict, *, default_max_tokens: int, kind: str = "chat") 
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 8:
         raise APIError(400, "'stop' must be a string or a list of up to 8 non-empty strings", param="stop")
     return SamplingParams(
-        temperature=_number(body, "temperature", float, 0.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", float, 1.0, 1e-6, 1.0),
-        top_k=_number(body, "top_k", int, 0, 0, None),
+        temperature=_number(body, "temperature", float, SamplingParams.temperature, 0.0, 2.0),
+        top_p=_number(body, "top_p", float, SamplingParams.top_p, 1e-6, 1.0),
+        top_k=_number(body, "top_k", int, SamplingParams.top_k, 0, None),
         max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", int, default_max_tokens, 1, None),
         stop=tuple(stop),
         seed=_number(body, "seed", int, None, -(2**63), 2**64 - 1),  # what torch's generator takes

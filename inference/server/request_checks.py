@@ -16,7 +16,6 @@ from fastapi.responses import JSONResponse
 
 from inference.server.protocol import APIError
 
-DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 half, paired or lone
 
 _COMMON = {

@@ -16,7 +16,7 @@ import threading
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-DEFAULT_HEADER_TIMEOUT_S = 20.0
+from inference.server_defaults import SERVER
 
 
 class _HeadTimeoutH11(H11Protocol):
@@ -29,7 +29,7 @@ class _HeadTimeoutH11(H11Protocol):
     head (`their_state` IDLE) and stops once one is whole, so a slow body, a long decode and a long stream are
     not touched; bytes that do not complete a head do not restart it."""
 
-    header_timeout = DEFAULT_HEADER_TIMEOUT_S
+    header_timeout = SERVER.header_timeout_s
     _head_timer = None
 
     def connection_made(self, transport) -> None:
@@ -74,7 +74,7 @@ def uvicorn_config(app, *, host: str, port: int, header_timeout: float, log_leve
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=http_protocol(header_timeout))
 
 
-def serve_app(app, *, host: str, port: int, header_timeout: float = DEFAULT_HEADER_TIMEOUT_S) -> bool:
+def serve_app(app, *, host: str, port: int, header_timeout: float = SERVER.header_timeout_s) -> bool:
     """Serve `app` (from `create_app`) until a signal stops it; False if it could not start listening.
     `header_timeout`: seconds a connection may take to send a request head (see `_HeadTimeoutH11`)."""
     import uvicorn

@@ -20,13 +20,14 @@ import sys
 import time
 from dataclasses import dataclass
 
-DEFAULT_TIMEOUT_S = 2.0  # client templates render in milliseconds (traced, a long chat with tools in ~0.1 s)
+from inference.server_defaults import SERVER
+
 _TEMPLATE_FILE = "<template>"  # the file name Jinja compiles every template under
 
 
 @dataclass(frozen=True)
 class TemplateLimits:
-    seconds: float = DEFAULT_TIMEOUT_S
+    seconds: float = SERVER.chat_template_timeout_s
     # Characters the template may write: the most the context can hold (max_context x the characters one
     # token stands for; more is refused after rendering anyway), None where the tokenizer promises no bound.
     max_chars: int | None = None

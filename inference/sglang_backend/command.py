@@ -10,7 +10,8 @@ SGLang (checked against 0.5.23) takes `--dllm-algorithm NAME` (the algorithm cla
 Because of that `.get`, a misspelt key is silently ignored upstream, so we check keys against what each
 algorithm actually reads (`ALGORITHM_KEYS`) before SGLang ever starts.
 
-Stdlib + PyYAML only: this runs in the launcher, which need not have torch or sglang installed.
+Stdlib, PyYAML and the defaults' homes (`bdcore.decode.config`, `inference.server_defaults`, both stdlib only at
+import): this runs in the launcher, which need not have torch or sglang installed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from bdcore.decode.config import DecodeConfig
+from inference.server_defaults import SERVER
 
 FAMILIES: tuple[str, ...] = ("sdar", "llada2-0", "llada2-1-speed", "llada2-1-quality")
 CONFIG_DIR: Path = Path(__file__).resolve().parent / "configs"
@@ -135,8 +139,8 @@ def build_sglang_command(
     *,
     family: str,
     python: str = "python",
-    host: str = "127.0.0.1",
-    port: int = 30000,
+    host: str = SERVER.host,
+    port: int = SERVER.port,
     api_key: str | None = None,
     extra_args: Sequence[str] = (),
     config_dir: Path = CONFIG_DIR,
@@ -197,16 +201,15 @@ def bdstack_settings(
     mode: str,
     *,
     block_size: int | None = None,
-    threshold: float = 0.9,
+    threshold: float = DecodeConfig.threshold,
     steps: int | None = None,
     draft_len: int | str | None = None,
-    self_spec_canvases: str = "last",
+    self_spec_canvases: str = DecodeConfig.self_spec_canvases,
 ):
     """The `--dllm-algorithm-config` of our algorithm for `mode`, read off the checkpoint (its sidecar and
     tokenizer, loaded in our environment so the SGLang side needs neither transformers pins nor our code).
     The serving gate decides first, from the sidecar and config.json alone: a refused decode loads nothing."""
     from bdcore.capabilities import Capabilities, read_capabilities
-    from bdcore.decode.config import DecodeConfig
     from bdcore.loading import check_checkpoint
     from bdcore.serving_gate import resolve
     from bdcore.tokens import end_of_turn_id, filler_id, stop_ids
@@ -264,8 +267,8 @@ def build_bdstack_command(
     settings_path: Path,
     *,
     python: str = "python",
-    host: str = "127.0.0.1",
-    port: int = 30000,
+    host: str = SERVER.host,
+    port: int = SERVER.port,
     api_key: str | None = None,
     extra_args: Sequence[str] = (),
     max_running_requests: int | None = None,

@@ -28,7 +28,7 @@ class DecodeSettings:
     filler_id: int
     other_stop_ids: list[int] = field(default_factory=list)  # e.g. eos when it is not end-of-turn
     within_block_causal: bool = False  # the checkpoint's canvas attention (sidecar)
-    threshold: float = 0.9  # diffusion: commit masked slots whose confidence exceeds this
+    threshold: float = DecodeConfig.threshold  # diffusion: commit masked slots whose confidence exceeds this
     steps: int | None = None  # diffusion: denoise forwards per block (None: block_size - 1)
     # the checkpoint's draft-only adapter directory, relative to it (the sidecar's `draft_adapter`): the plugin loads
     # it with SGLang's LoRA manager and routes it to canvas rows only (draft_lora.py); None: no adapter

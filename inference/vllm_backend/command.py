@@ -18,7 +18,8 @@ sidecar and tokenizer are read here, and what the plugin needs travels on vLLM's
 - a checkpoint with a draft adapter: `--enable-lora` with one slot, its rank and its projections
   (`draft_adapter.lora_flags`); the plugin loads it through vLLM's LoRA loader and routes it per token.
 
-Stdlib only at import: serve.py imports this for `--backend auto` without vLLM installed.
+Stdlib only at import (and the defaults' homes, `bdcore.decode.config` and `inference.server_defaults`, stdlib
+only too): serve.py imports this for `--backend auto` without vLLM installed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+
+from bdcore.decode.config import DecodeConfig
+from inference.server_defaults import SERVER
 
 VLLM_PYTHON_ENV = "BDSTACK_VLLM_PYTHON"
 VLLM_CLI = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
@@ -58,8 +62,8 @@ def build_causal_command(
     model: str,
     *,
     python: str = "python",
-    host: str = "127.0.0.1",
-    port: int = 30000,
+    host: str = SERVER.host,
+    port: int = SERVER.port,
     api_key: str | None = None,
     max_num_seqs: int | None = None,
     served_model_name: str | None = None,
@@ -74,8 +78,8 @@ def build_bdstack_command(
     settings,
     *,
     python: str = "python",
-    host: str = "127.0.0.1",
-    port: int = 30000,
+    host: str = SERVER.host,
+    port: int = SERVER.port,
     api_key: str | None = None,
     max_num_seqs: int | None = None,
     served_model_name: str | None = None,
@@ -127,15 +131,14 @@ def bdstack_settings(
     mode: str,
     *,
     block_size: int | None = None,
-    threshold: float = 0.9,
+    threshold: float = DecodeConfig.threshold,
     steps: int | None = None,
     draft_len: int | str | None = None,
-    self_spec_canvases: str = "last",
+    self_spec_canvases: str = DecodeConfig.self_spec_canvases,
 ):
     """The plugin's settings for `mode`, read off the checkpoint (sidecar and tokenizer, in our environment).
     The serving gate decides first, from the sidecar and config.json alone: a refused decode loads nothing."""
     from bdcore.capabilities import Capabilities, read_capabilities
-    from bdcore.decode.config import DecodeConfig
     from bdcore.loading import check_checkpoint
     from bdcore.serving_gate import resolve
     from bdcore.tokens import end_of_turn_id, filler_id

@@ -28,7 +28,7 @@ class VllmDecodeSettings:
     filler_id: int
     other_stop_ids: list[int] = field(default_factory=list)
     within_block_causal: bool = False  # the checkpoint's canvas attention (sidecar)
-    threshold: float = 0.9  # diffusion commit confidence
+    threshold: float = DecodeConfig.threshold  # diffusion commit confidence
     steps: int | None = None  # diffusion denoise forwards per block (None: size - 1)
     # the checkpoint's draft-only adapter directory, relative to it (the sidecar's `draft_adapter`): vLLM loads
     # it as a LoRA and the plugin routes it to canvas rows only (draft_lora.py); None: no adapter
