@@ -159,7 +159,7 @@ def test_cross_entropy_is_unchanged_by_the_new_fields():
 def test_draft_loss_without_a_teacher_row_anywhere_is_cross_entropy():
     hidden, weight = torch.randn(3, 8), torch.randn(11, 8)
     labels = torch.tensor([1, 2, 3])
-    cfg = BlockDiffusionConfig(bd_size=4, ar_loss_weight=0.5, draft_loss="kl")
+    cfg = BlockDiffusionConfig(bd_size=4, ar_loss_weight=0.5, draft_loss="kl", chain_weights=True)
     got, accept = draft_loss(hidden, hidden.flip(0), weight, labels, torch.zeros(3, dtype=torch.bool), cfg)
     logits = hidden @ weight.t()
     torch.testing.assert_close(got, torch.nn.functional.cross_entropy(logits, labels, reduction="none"))
@@ -203,3 +203,22 @@ def test_train_py_distils_a_draft_adapter_from_its_base(demo_kit, tmp_path):
     want, got = Engine(plain, DecodeConfig(mode="causal")), Engine(ckpt, DecodeConfig(mode="self-spec"))
     for ids in _prompts(ckpt.tokenizer, 3, seed=1):
         assert got.generate(ids, params).tokens == want.generate(ids, params).tokens
+
+
+def test_chain_weights_move_weight_within_a_micro_batch_but_keep_its_total():
+    """The trainer divides by the fixed weights' sum over every micro-batch and rank, computed before the forward:
+    a chain that changed a micro-batch's total weight would change its share of the step. With a unit loss per
+    row, the micro-batch's loss is its fixed total over the global normaliser whatever the chain."""
+    from train.loss import combine_losses, diffusion_weights
+
+    cfg = BlockDiffusionConfig(bd_size=4, ar_loss_weight=0.0, clean_causal=True, prefix_gamma=2.0)
+    rate, offset = torch.full((6,), 0.5), torch.tensor([0, 1, 2, 0, 1, 2])
+    chain = torch.tensor([1.0, 0.5, 0.1, 1.0, 0.9, 0.8])
+    fixed = diffusion_weights(rate, cfg, offset)
+    norm = 3.0 * float(fixed.sum())  # this micro-batch is a third of the step
+    parts = combine_losses(torch.ones(6), rate, torch.zeros(0), cfg, diff_norm=norm, diff_offset=offset, chain=chain)
+    assert float(parts.loss) == pytest.approx(1 / 3, rel=1e-6)
+    loss = torch.tensor([1.0, 2.0, 3.0, 1.0, 2.0, 3.0])
+    weighted = combine_losses(loss, rate, torch.zeros(0), cfg, diff_norm=norm, diff_offset=offset, chain=chain)
+    plain = combine_losses(loss, rate, torch.zeros(0), cfg, diff_norm=norm, diff_offset=offset)
+    assert float(weighted.loss) < float(plain.loss)  # the chain moves weight off the later, costlier slots
