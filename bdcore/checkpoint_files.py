@@ -49,13 +49,18 @@ def read_config(path: Path) -> dict:
         raise CheckpointError(
             f"{path} is not a model directory (no config.json); pass a checkpoint such as runs/x/final"
         )
+    return read_json_object(file)
+
+
+def read_json_object(file: Path, error: type[CheckpointError] = CheckpointError) -> dict:
+    """A checkpoint's JSON file that must hold an object, or `error` naming the file and the fix."""
     try:
-        config = json.loads(file.read_text())
+        data = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{file} is not valid JSON ({e}); {RESAVE}") from e
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{file} is not a JSON object; {RESAVE}")
-    return config
+        raise error(f"{file} is not valid JSON ({first_line(e)}); {RESAVE}") from e
+    if not isinstance(data, dict):
+        raise error(f"{file} is not a JSON object; {RESAVE}")
+    return data
 
 
 def config_value(config, name: str):

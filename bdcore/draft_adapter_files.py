@@ -12,11 +12,10 @@ this in SGLang's environment, and serve.py in ours.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-from bdcore.checkpoint_files import RESAVE, CheckpointError, first_line, safetensors_header
+from bdcore.checkpoint_files import RESAVE, CheckpointError, first_line, read_json_object, safetensors_header
 from bdcore.draft_adapter import MASK_ROW, MASK_ROW_FILE
 
 CONFIG_FILE = "adapter_config.json"
@@ -40,12 +39,7 @@ def adapter_config(adapter_dir: str | Path) -> dict:
     path = Path(adapter_dir) / CONFIG_FILE
     if not path.is_file():
         raise DraftAdapterError(f"{path} is missing: {COPY_WHOLE}")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DraftAdapterError(f"{path} is not valid JSON ({first_line(e)}); {RESAVE}") from e
-    if not isinstance(config, dict):
-        raise DraftAdapterError(f"{path} is not a JSON object; {RESAVE}")
+    config = read_json_object(path, DraftAdapterError)
     check_lora_config(config, path)
     return config
 

@@ -6,8 +6,6 @@ serve.py's every backend in-process, and from the shell (status 2, one line, no 
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,8 +15,7 @@ from bdcore.checkpoint_files import CheckpointError
 from bdcore.draft_adapter import ADAPTER_DIR, MASK_ROW, MASK_ROW_FILE
 from bdcore.loading import load_checkpoint
 from benchmark.tiny import draft_checkpoint
-from inference import serve
-from tests.conftest import REPO
+from tests.test_serve_cli import _refused_at_start, run_serve_py
 
 WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"
@@ -141,16 +138,11 @@ DAMAGES = {
 def test_every_backend_of_serve_py_refuses_it_in_one_line(ckpt, tmp_path, monkeypatch, damage):
     """The SGLang and vLLM commands are built after the same checks (`check_checkpoint`); their engines would
     load the damaged adapter with their own LoRA loaders."""
-    from inference import server
-
     do, phrase = DAMAGES[damage]
     bad = _damaged(ckpt, tmp_path, do)
-    monkeypatch.setattr(server, "serve_app", lambda app, **k: pytest.fail("the server started"))
     for backend in ("native", "sglang", "vllm"):
-        with pytest.raises(SystemExit) as stopped:
-            serve.main([str(bad), "--mode", "self-spec", "--draft-len", "4", "--backend", backend, "--dry-run"])
-        line = str(stopped.value)
-        assert stopped.value.code == 2 and line.startswith("serve.py: error: ") and "\n" not in line, line
+        argv = [str(bad), "--mode", "self-spec", "--draft-len", "4", "--backend", backend, "--dry-run"]
+        line = _refused_at_start(monkeypatch, argv)
         assert phrase in line, (backend, line)
 
 
@@ -159,13 +151,7 @@ def test_every_backend_of_serve_py_refuses_it_in_one_line(ckpt, tmp_path, monkey
 def test_serve_py_refuses_it_from_the_shell(ckpt, tmp_path, damage):
     do, phrase = DAMAGES[damage]
     bad = _damaged(ckpt, tmp_path, do)
-    proc = subprocess.run(
-        [sys.executable, "inference/serve.py", str(bad), "--mode", "self-spec", "--backend", "native"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_serve_py(str(bad), "--mode", "self-spec", "--backend", "native")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("serve.py: error: ") and phrase in lines[0], proc.stderr[-3000:]

@@ -223,19 +223,19 @@ def test_the_default_reply_length_is_refused_at_start_when_it_is_not_positive(mo
     assert "--max-tokens must be >= 1" in line, line
 
 
+def run_serve_py(*argv: str) -> subprocess.CompletedProcess:
+    """`python inference/serve.py ARGV` from the shell, its output captured."""
+    cmd = [sys.executable, "inference/serve.py", *argv]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
 def test_a_damaged_checkpoint_is_one_line_from_the_program(tmp_path):
     """The real process: a truncated model.safetensors used to end in a 23-line SafetensorError traceback."""
     from tests.damaged_checkpoints import damaged_copy
     from tests.tiny import tiny_checkpoint
 
     ckpt, phrase = damaged_copy(tiny_checkpoint(tmp_path / "ckpt"), tmp_path / "cut", "cut_in_tensors")
-    proc = subprocess.run(
-        [sys.executable, "inference/serve.py", str(ckpt), "--mode", "diffusion", "--backend", "native"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_serve_py(str(ckpt), "--mode", "diffusion", "--backend", "native")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("serve.py: error: "), proc.stderr[-3000:]

@@ -66,13 +66,17 @@ def _chunk_draft(
     if ban is not None and ban < logits.shape[-1]:  # <|mask|>: never served, so neither side's mass goes there
         logits, teacher = logits.clone(), teacher.clone()
         logits[:, ban] = teacher[:, ban] = float("-inf")
-    t = cfg.draft_temperature
-    student_logp, teacher_logp = (logits / t).log_softmax(-1), (teacher / t).log_softmax(-1)
-    p = teacher_logp.exp()
-    kl = torch.where(p > 0, p * (teacher_logp - student_logp), torch.zeros_like(p)).sum(-1) * (t * t)
     ce = F.cross_entropy(logits, labels, reduction="none")
-    distilled = kl if cfg.draft_loss == "kl" else cfg.draft_kl_mix * kl + (1.0 - cfg.draft_kl_mix) * ce
-    term = ce if cfg.draft_loss == "ce" else torch.where(has_teacher, distilled, ce)
+    term = ce
+    if cfg.draft_loss != "ce":
+        t = cfg.draft_temperature
+        student_logp, teacher_logp = (logits / t).log_softmax(-1), (teacher / t).log_softmax(-1)
+        p = teacher_logp.exp()
+        kl = torch.where(p > 0, p * (teacher_logp - student_logp), torch.zeros_like(p)).sum(-1) * (t * t)
+        distilled = kl if cfg.draft_loss == "kl" else cfg.draft_kl_mix * kl + (1.0 - cfg.draft_kl_mix) * ce
+        term = torch.where(has_teacher, distilled, ce)
+    if not cfg.chain_weights:  # the acceptance only weighs the chain: not computed (or recomputed) otherwise
+        return term, term.new_zeros(0)
     with torch.no_grad():  # how likely self-spec accepts this draft: 1 - TV(drafter, verifier) at temperature 1
         probs = logits.softmax(-1)
         accept = 1.0 - 0.5 * (probs - teacher.softmax(-1)).abs().sum(-1)
@@ -92,10 +96,10 @@ def draft_loss(
     chunk_rows: int = 2048,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per drafting row: its loss under `cfg.draft_loss` against the verifier's rows `teacher_hidden` (detached:
-    the teacher is what self-spec verifies against, never trained through this term) and the data's `labels`,
-    and the probability (detached) that self-spec accepts its draft. A row where `has_teacher` is False (a
-    filler past its document's end, which no AR row predicts) learns its label by cross-entropy.
-    [M, H] x2 -> [M], [M] (fp32)."""
+    the teacher is what self-spec verifies against, never trained through this term) and the data's `labels`;
+    and, with `cfg.chain_weights` (else empty), the probability (detached) that self-spec accepts its draft. A
+    row where `has_teacher` is False (a filler past its document's end, which no AR row predicts) learns its
+    label by cross-entropy. [M, H] x2 -> [M], [M] (fp32)."""
     teacher_hidden = teacher_hidden.detach()
     if hidden.shape[0] == 0:
         zero = hidden.new_zeros(0, dtype=torch.float32)
