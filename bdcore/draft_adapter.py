@@ -306,10 +306,9 @@ def save_adapter(model, full: dict[str, torch.Tensor], directory: Path) -> None:
     model.peft_config[ADAPTER_NAME].save_pretrained(str(directory))
 
 
-def load_draft_adapter(model, directory: Path, mask_id: int):
-    """Inject a saved draft adapter into a base model (its gate included) and load its weights."""
-    from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
-    from safetensors.torch import load_file
+def saved_spec(directory: Path) -> LoraSpec:
+    """The `LoraSpec` a saved draft adapter was trained with (its adapter_config.json)."""
+    from peft import LoraConfig
 
     config = LoraConfig.from_pretrained(str(directory))
     # The adapter is rebuilt from r and lora_alpha alone (`LoraSpec`, what the trainer writes): a config asking
@@ -320,8 +319,15 @@ def load_draft_adapter(model, directory: Path, mask_id: int):
                 f"{directory / 'adapter_config.json'} sets {key}; the native engine serves the plain LoRA bdstack "
                 "trains (one r and lora_alpha, each term scaled by lora_alpha / r): retrain without it"
             )
-    spec = LoraSpec(rank=config.r, alpha=config.lora_alpha, targets=_targets(config), draft_only=True)
-    add_lora(model, spec, mask_id)
+    return LoraSpec(rank=config.r, alpha=config.lora_alpha, targets=_targets(config), draft_only=True)
+
+
+def load_adapter_weights(model, directory: Path) -> None:
+    """Load a saved draft adapter's weights and `<|mask|>` row into the adapter `add_lora` gave `model` (of the
+    saved adapter's `LoraSpec`)."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
     saved = load_file(str(directory / "adapter_model.safetensors"))
     expected = get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME)
     if set(saved) != set(expected) or any(saved[k].shape != expected[k].shape for k in saved):
@@ -336,6 +342,12 @@ def load_draft_adapter(model, directory: Path, mask_id: int):
         raise ValueError(f"{directory / MASK_ROW_FILE}: a row of {tuple(row.shape)} for an embedding of {embed}")
     with torch.no_grad():
         getattr(embed, MASK_ROW).copy_(row)
+
+
+def load_draft_adapter(model, directory: Path, mask_id: int):
+    """Inject a saved draft adapter into a base model (its gate included) and load its weights."""
+    add_lora(model, saved_spec(directory), mask_id)
+    load_adapter_weights(model, directory)
     return model.requires_grad_(False)
 
 

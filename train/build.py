@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bdcore.checkpoint_files import first_line, missing_tokenizer
-from bdcore.draft_adapter import add_lora, recompute_context
+from bdcore.draft_adapter import LoraSpec, add_lora, load_adapter_weights, recompute_context, saved_spec
 from bdcore.gated_delta import is_hybrid
 from bdcore.loading import CheckpointError, cpu_has_bf16, load_weights
 from bdcore.vector_math import settle_vector_math
@@ -150,6 +150,32 @@ def build_rows(config: JobConfig, info: DistInfo, tokens: TokenizerParts, run_di
     return Rows(rows, row_lengths, stats)
 
 
+def continue_draft_adapter(model, model_id: str, lora: LoraSpec) -> None:
+    """A draft-adapter run from a bdstack checkpoint that has a draft adapter continues that adapter (an
+    on-policy stage after SFT): its weights and `<|mask|>` row replace the fresh ones `add_lora` gave `model`."""
+    from bdcore.sidecar import SIDECAR_NAME, read_sidecar
+
+    path = Path(model_id)
+    if not (path / SIDECAR_NAME).is_file():
+        return
+    name = read_sidecar(path).draft_adapter
+    if name is None:
+        return
+    saved = saved_spec(path / name)
+    if (saved.rank, saved.alpha) != (lora.rank, lora.alpha):  # the modules it targets: load_adapter_weights
+        raise FlagError(
+            "--lora_rank",
+            f"{model_id}'s draft adapter (rank {saved.rank}, alpha {saved.alpha:g}) is continued by this run, "
+            f"which asks for rank {lora.rank}, alpha {lora.alpha:g}: pass --lora_rank {saved.rank} "
+            f"--lora_alpha {saved.alpha:g}",
+        )
+    try:
+        load_adapter_weights(model, path / name)
+    except ValueError as e:
+        raise FlagError("--model_id", str(e)) from e
+    print(f"continuing the draft adapter of {model_id} (rank {saved.rank})", flush=True)
+
+
 def build_model(config: JobConfig, info: DistInfo, tokens: TokenizerParts) -> tuple[TwoStreamLM, torch.dtype]:
     """The sharded two-stream model and the dtype its checkpoints are saved in.
 
@@ -192,6 +218,8 @@ def build_model(config: JobConfig, info: DistInfo, tokens: TokenizerParts) -> tu
         if lora is not None:  # rank 0's adapter initialisation is every rank's (broadcast with the weights)
             torch.manual_seed(config.training.seed)
             add_lora(cpu_model, lora, mask_id)
+            if lora.draft_only:
+                continue_draft_adapter(cpu_model, model_id, lora)
         full_sd, buffers = cpu_model.state_dict(), non_persistent_buffers(cpu_model)
         del cpu_model
     if not config.diffusion.ar_only:

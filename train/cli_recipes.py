@@ -23,6 +23,23 @@ def recipe_flags(p: argparse.ArgumentParser) -> None:
         "(or, with --opd_slots masked, at every slot it still masked).",
     )
     opd = OPDSection
+    field_flag(
+        o,
+        opd,
+        "opd_rollout",
+        "how the student answers: diffusion (the default; KL at its commits, train/opd.py) or self-spec "
+        "(Draft-OPD for drafts verified by the AR head: the served self-spec decoder drafts and verifies, and the "
+        "drafter learns the verifier's distribution by forward KL at the accepted slots and reverse KL at the "
+        "first rejected one; with --draft_adapter, after an SFT run: --model_id its checkpoint continues its "
+        "adapter)",
+        choices=opd.ROLLOUTS,
+    )
+    field_flag(
+        o,
+        opd,
+        "opd_reject_weight",
+        "self-spec rollouts: weight of the reverse KL at the first rejected slot (default %(default)s)",
+    )
     field_flag(o, opd, "opd_teacher", "the frozen AR teacher (default: --model_id before conversion)")
     field_flag(o, opd, "opd_threshold", "rollout commit threshold (default %(default)s)")
     field_flag(o, opd, "opd_temperature", "rollout temperature (default %(default)s: greedy)")
@@ -119,9 +136,19 @@ def check_opd(args, bad) -> None:
     for flag in ("opd_max_new_tokens", "opd_prompts_per_step"):
         if getattr(args, flag) < 1:
             bad(f"--{flag}", f"must be >= 1, got {getattr(args, flag)}")
-    for flag in ("opd_threshold", "opd_temperature", "opd_states_per_block", "opd_ar_weight", "opd_sft_weight"):
+    flags = ("opd_threshold", "opd_temperature", "opd_states_per_block", "opd_ar_weight", "opd_sft_weight")
+    for flag in (*flags, "opd_reject_weight"):
         if not getattr(args, flag) >= 0:
             bad(f"--{flag}", f"must be >= 0, got {getattr(args, flag)}")
+    if args.opd_rollout == "self-spec":
+        if not causal_clean:
+            bad(
+                "--opd_rollout",
+                "self-spec verifies drafts with the AR head, which this run does not have (with --ar_loss_weight 0 "
+                "the clean stream is block-causal): add --draft_adapter, or --ar_loss_weight > 0",
+            )
+        if args.canvas_fill != "mask":
+            bad("--opd_rollout", f"self-spec rollouts revisit canvases of masks; drop --canvas_fill {args.canvas_fill}")
     if args.opd_teacher is not None:
         try:
             check_model_id(args.opd_teacher)

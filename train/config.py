@@ -248,8 +248,14 @@ class OPDSection:
     """The flags of `--recipe opd`, on-policy distillation (`train/opd.py`)."""
 
     # what a resume of an OPD run must share: the draws of each step depend on them
-    RESUME_MUST_MATCH: ClassVar = ("opd_prompts_per_step", "opd_states_per_block", "opd_slots")
+    RESUME_MUST_MATCH: ClassVar = ("opd_prompts_per_step", "opd_states_per_block", "opd_slots", "opd_rollout")
+    ROLLOUTS: ClassVar = ("diffusion", "self-spec")
 
+    # diffusion: the student's own answers, KL at its commits (train/opd.py); self-spec: Draft-OPD, the drafts
+    # the served self-spec decoder verified, forward KL where accepted, reverse at the first rejection
+    # (train/draft_opd.py)
+    opd_rollout: str = "diffusion"
+    opd_reject_weight: float = 1.0  # self-spec rollouts: weight of the reverse KL at each first rejected slot
     opd_teacher: str | None = None  # the frozen AR teacher (default: --model_id as loaded, before conversion)
     opd_threshold: float = DecodeConfig.threshold  # rollout commit threshold (the server's default)
     opd_temperature: float = 0.0  # rollout sampling temperature (0: greedy, the server's default)

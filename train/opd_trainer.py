@@ -1,5 +1,8 @@
 """One on-policy distillation step inside the trainer (`train.py --recipe opd`, or `--opd_on_policy`).
 
+With `--opd_rollout self-spec` the step is Draft-OPD instead (`train/draft_opd.py`): the rollouts are the
+served self-spec decoder's, the targets the verifier's rows of the same forward.
+
 Per optimizer step each rank draws `--opd_prompts_per_step` prompts (a generator seeded by seed, rank
 and step, so a resumed run draws what the uninterrupted run drew), the student rolls them out with
 the serving engine's diffusion decoding, the frozen teacher scores the answers, and the OPD loss
@@ -20,6 +23,7 @@ from bdcore.loading import CheckpointError, load_weights
 from bdcore.tokens import MASK_TOKEN, stop_ids
 from train.build import compute_dtype
 from train.config import FlagError, JobConfig
+from train.draft_opd import draft_opd_loss
 from train.noise import noise_generator
 from train.opd import choose_states, opd_loss, prompt_of, teacher_logprobs
 from train.rollout import student_rollouts
@@ -86,7 +90,11 @@ class OnPolicyDistiller:
             path = self.opd.opd_teacher or config.model.model_id
             self.teacher = load_teacher(path, info.device, dtype)
             check_teacher_vocab(self.teacher, path, tokens.tokenizer, student_rows)
-        self.decode = DecodeConfig(mode="diffusion", threshold=self.opd.opd_threshold)
+        self.draft_opd = self.opd.opd_rollout == "self-spec"
+        if self.draft_opd:  # the drafts are judged by the AR head: the verifier is the clean stream itself
+            self.decode = DecodeConfig(mode="self-spec")
+        else:
+            self.decode = DecodeConfig(mode="diffusion", threshold=self.opd.opd_threshold)
         self.params = SamplingParams(temperature=self.opd.opd_temperature, max_tokens=self.opd.opd_max_new_tokens)
 
     def step(self, lm, step: int, rank: int) -> dict[str, float]:
@@ -109,6 +117,9 @@ class OnPolicyDistiller:
         if self.teacher is not None:
             teacher_logp = teacher_logprobs(self.teacher, rollouts, mask_id=self.mask_id)
         t2 = time.perf_counter()
+        timing = {"t_rollout_s": t1 - t0, "t_teacher_s": t2 - t1}
+        if self.draft_opd:
+            return {**self._draft_step(lm, rollouts, teacher_logp), **timing, "t_student_s": time.perf_counter() - t2}
         chosen = [choose_states(r, self.opd.opd_states_per_block, gen) for r in rollouts]
         parts = opd_loss(
             lm,
@@ -134,7 +145,32 @@ class OnPolicyDistiller:
             "rollout_tokens_per_forward": generated / max(1, sum(r.stats.forwards for r in rollouts)),
             # answer tokens the teacher would have picked: a proxy for self-spec acceptance
             "teacher_agreement": agree / max(1, sum(len(r.response) for r in rollouts)),
-            "t_rollout_s": t1 - t0,
-            "t_teacher_s": t2 - t1,
+            **timing,
             "t_student_s": t3 - t2,
+        }
+
+    def _draft_step(self, lm, rollouts, teacher_logp) -> dict[str, float]:
+        """Draft-OPD (`train/draft_opd.py`) on self-spec rollouts: loss, backward and its metrics."""
+        parts = draft_opd_loss(
+            lm,
+            rollouts,
+            mask_id=self.mask_id,
+            filler_id=self.filler_id,
+            reject_weight=self.opd.opd_reject_weight,
+            teacher_logp=teacher_logp,
+            ar_weight=self.opd.opd_ar_weight,
+        )
+        parts.loss.backward()
+        verdicts = [v for r in rollouts for v in r.verdicts]
+        generated = sum(r.stats.generated for r in rollouts)
+        return {
+            "opd_loss": float(parts.loss.detach()),
+            "opd_kl": float(parts.kl),
+            "opd_reverse_kl": float(parts.reverse_kl),
+            "opd_ar_kl": float(parts.ar_kl),
+            "opd_kl_tokens": parts.accepted_slots + parts.rejected_slots,
+            "rollout_len": generated / len(rollouts),
+            "rollout_tokens_per_forward": generated / max(1, sum(r.stats.forwards for r in rollouts)),
+            # what the served decoder got from these drafts: accepted drafts per verify, plus the AR token
+            "acceptance_length": 1 + sum(v.accepted for v in verdicts) / max(1, len(verdicts)),
         }

@@ -8,6 +8,8 @@ which slots it committed, with what log-probability), so a training forward can 
 states the student visited. Causal and self-spec answers are distributed as the AR head's own (self-spec
 is lossless), so each of their tokens is recorded as committed from the AR row before it, with the AR
 log-probability the decoder scored it with: the same trajectory function then gives the AR log-prob.
+A self-spec rollout also records each verify of its drafts (`DraftVerdict`: where the drafting canvas sat,
+what it drafted, how many the AR head accepted), the states on-policy draft training revisits.
 
 Several ranks (FSDP2): every forward all-gathers parameters, so every rank must run the same number of
 forwards. Rollouts therefore run in lockstep: after each forward the ranks agree whether any of them
@@ -28,7 +30,7 @@ import torch
 from bdcore.capabilities import Capabilities
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.driver import DecodeDriver, DecodeLoop
-from bdcore.decode.modes import CommitStep, DiffusionDecoder, make_decoder
+from bdcore.decode.modes import CommitStep, DiffusionDecoder, DraftVerdict, SelfSpecDecoder, make_decoder
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
@@ -43,6 +45,7 @@ class Rollout:
     stop_token: int | None  # the token that ended it (None: cut at max_tokens)
     steps: list[CommitStep] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
+    verdicts: list[DraftVerdict] = field(default_factory=list)  # self-spec: every chain verify, in order
 
     @property
     def response(self) -> list[int]:
@@ -105,6 +108,8 @@ def rollout(
             if not ar_mode:
                 assert isinstance(decoder, DiffusionDecoder)
                 decoder.trace = []
+            elif isinstance(decoder, SelfSpecDecoder):
+                decoder.trace = []
             loop.admit(decoder, decoder)
             decoders.append(decoder)
             sinks.append(sink)
@@ -115,7 +120,14 @@ def rollout(
             else:  # lockstep: this rank is done, others are not
                 runner.forward([(stand_in, Forward(Rows().clean([caps.mask_id], 0), 0))])
         return [
-            Rollout(list(p), s.tokens, s.stop_token, _ar_steps(len(p), s) if ar_mode else d.trace, s.stats)
+            Rollout(
+                list(p),
+                s.tokens,
+                s.stop_token,
+                _ar_steps(len(p), s) if ar_mode else d.trace,
+                s.stats,
+                d.trace if isinstance(d, SelfSpecDecoder) else [],
+            )
             for p, s, d in zip(prompts, sinks, decoders)
         ]
     finally:

@@ -43,6 +43,19 @@ class CommitStep:
     logprobs: list[float]  # the student's log-probability of each, `<|mask|>` banned, temperature 1
 
 
+@dataclass
+class DraftVerdict:
+    """One self-spec verify of a chain of drafts (recorded for on-policy draft training): the drafts came from
+    a canvas of masks whose first row sat at `start` (the pending token's place, which it did not see) and
+    predicted the positions start + 1, ...; the AR head accepted the first `accepted` of the `verified`."""
+
+    start: int
+    canvas: int  # the canvas's length in masks (the prefill's holds one more than it drafts)
+    drafts: list[int]  # every token the canvas drafted (a layout may verify fewer)
+    verified: int
+    accepted: int
+
+
 class Decoder:
     def __init__(self, seq: Sequence):
         self.seq = seq
@@ -242,23 +255,28 @@ class SelfSpecDecoder(Decoder):
         self.drafts: list[int] | None = None  # proposals for the positions after `pending`
         self.q: torch.Tensor | None = None  # their sampling distributions
         self.step: Layout | None = None  # the layout of the forward in flight, drafts cut to those in hand
+        self.trace: list[DraftVerdict] | None = None  # set to a list to record each chain verify (rollouts)
+        # masks in the canvas of the forward in flight, and in the one that drafted the drafts in hand (0: a
+        # seeded canvas, which holds the pending token: not a canvas of masks a training forward can revisit)
+        self.canvas_len = self.drafted_from = 0
 
     def next_forward(self) -> Forward:
         lay, c, fill = self.layout, self.c, self.seq.fill
         if lay.seeded:  # the canvas holds the pending token at its place: rows c..c+L-1 draft c+1..c+L
             if self.prefill:
                 raise ValueError("a seeded drafting forward follows a pending token: it cannot be the prefill")
-            self.step = lay
+            self.step, self.canvas_len = lay, 0
             return Forward(Rows().canvas([self.pending] + fill(lay.canvas), c), 0)
         if self.prefill:  # the canvas sits at the first token's place: rows c..c+L-1 draft c+1..c+L
             rows = Rows().clean(self.seq.prompt_ids, 0)
             if lay.canvas:
                 rows.canvas(fill(lay.canvas + 1), c)
-            self.step = Layout(0, lay.canvas, 0)
+            self.step, self.canvas_len = Layout(0, lay.canvas, 0), lay.canvas + 1
             return Forward(rows, c)
         v = min(lay.drafts, len(self.drafts)) if self.drafts else 0
         tree = cut(lay.tree, v) if lay.tree is not None and self.candidates else None
         self.step = step = Layout(v, lay.canvas, min(lay.first_canvas, v), tree=tree)
+        self.canvas_len = step.canvas
         if tree is not None:  # spine row j is the chain's row j, so the canvases follow the same rows
             self.tree = t = build_tree(self.pending, tree, self.candidates)
             rows = Rows().tree(t.tokens, t.parents, t.depths, c)
@@ -305,6 +323,8 @@ class SelfSpecDecoder(Decoder):
                 else:
                     k, last = speculative_accept(drafts, self.q[:v].cpu(), p.cpu(), seq.generator)
                 spine_k, on_spine = k, True
+                if self.trace is not None:
+                    self.trace.append(DraftVerdict(c, self.drafted_from, list(self.drafts), v, k))
                 emitted = self.drafts[:k] + [last]
                 ar_rows, crop = logits[: k + 1], c + 1 + k  # pending + accepted drafts stay cached
             seq.stats.accepted[k] += 1
@@ -335,6 +355,7 @@ class SelfSpecDecoder(Decoder):
             self.estimate.alternatives.observe(accepted + 1, rank)
 
     def _draft(self, rows_logits) -> None:
+        self.drafted_from = self.canvas_len
         tokens, self.q = self.seq.pick(rows_logits)
         self.drafts = tokens.tolist()
         if self.keep_candidates and self.seq.params.greedy:

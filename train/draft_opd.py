@@ -1,0 +1,126 @@
+"""Draft-OPD: on-policy training of self-spec drafts (the objective of arXiv 2605.29343, on our rows).
+
+The student answers training prompts with the served self-spec decoder (`train/rollout.py`), which records
+each verify of a draft chain (`DraftVerdict`). Those drafts came from a canvas of masks at the pending
+token's place, seeing the committed answer before it; the training forward revisits exactly that canvas,
+one noised view per verify (`train/trajectory.py`'s rows). The verifier's distribution at each drafted
+position is the clean stream's row at that position over the committed answer, detached: with a draft
+adapter the frozen base model the drafts are served against, otherwise the student's own AR head. Up to
+and including the first rejected slot the committed answer *is* the draft chain before that slot, so that
+row is exactly the distribution that judged the draft.
+
+The loss, per verify: the forward KL(verifier || drafter) at every accepted slot (learn the verifier's
+whole distribution where the chain held), the reverse KL(drafter || verifier) at the first rejected slot
+(take the drafter's mass off what the verifier would not accept), nothing after it (the verifier never
+judged those drafts). Its mean over the slots, the rejected ones weighted by `reject_weight`. With a
+separate frozen teacher (`teacher_logp`), `ar_weight` times the KL(teacher || student) on the clean
+stream's AR rows keeps a fine-tuned AR head on the teacher, as in diffusion OPD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from bdcore.decode.modes import CommitStep
+from train.rollout import Rollout
+from train.trajectory import trajectory_rows
+
+
+@dataclass
+class DraftOPDParts:
+    loss: torch.Tensor
+    kl: torch.Tensor  # mean forward KL(verifier || drafter) over the accepted slots
+    reverse_kl: torch.Tensor  # mean reverse KL(drafter || verifier) over the first rejected slots
+    ar_kl: torch.Tensor  # mean KL(teacher || student) on the AR rows (0 without a teacher)
+    accepted_slots: int
+    rejected_slots: int
+
+
+def verify_states(ro: Rollout, mask_id: int) -> tuple[list[CommitStep], list[bool]]:
+    """Each recorded verify as the state a training forward revisits: its canvas of masks at `start`, scored
+    at the accepted slots and the first rejected one (slot s predicts position start + s) inside the answer.
+    Also, per scored slot in order, whether it is a rejected one."""
+    P, n = len(ro.prompt_ids), len(ro.response)
+    states, rejected = [], []
+    for v in ro.verdicts:
+        if v.canvas == 0:  # drafted by a seeded canvas (SGLang's split step), never by a rollout's engine
+            raise ValueError("a seeded drafting canvas holds the pending token: not a state of masks to revisit")
+        last = min(v.accepted + 1, v.verified)  # the first rejected slot, when one was rejected
+        slots = [s for s in range(1, last + 1) if v.start + s < P + n]
+        if slots:
+            tokens = [ro.response[v.start + s - P] for s in slots]
+            states.append(CommitStep(v.start, [mask_id] * v.canvas, slots, tokens, [0.0] * len(slots)))
+            rejected += [s > v.accepted for s in slots]
+    return states, rejected
+
+
+def _kl(p_logp: torch.Tensor, q_logp: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) per row; tokens where p has no mass contribute nothing. The difference is masked before the
+    product: both sides are -inf at `<|mask|>`, and a nan there would reach the gradient of p."""
+    p = p_logp.exp()
+    return (p * torch.where(p > 0, p_logp - q_logp, torch.zeros_like(p))).sum(-1)
+
+
+def draft_opd_loss(
+    lm,
+    rollouts: list[Rollout],
+    *,
+    mask_id: int,
+    filler_id: int,
+    reject_weight: float = 1.0,
+    teacher_logp: list[torch.Tensor] | None = None,
+    ar_weight: float = 0.0,
+) -> DraftOPDParts:
+    """The Draft-OPD objective on self-spec rollouts (`Rollout.verdicts`); `lm` is the trainer's `TwoStreamLM`
+    with a causal clean stream. `teacher_logp`: per rollout a frozen teacher's [len(response), V] log-probs
+    for the AR term (None: no AR term)."""
+    if not lm.cfg.clean_causal:
+        raise ValueError("Draft-OPD needs a causal clean stream: a block-causal clean row sees the token it verifies")
+    states, rejected = [], []
+    for ro in rollouts:
+        steps, flags = verify_states(ro, mask_id)
+        states.append(replace(ro, steps=steps))
+        rejected += flags
+    scored = trajectory_rows(states, block=lm.cfg.bd_size, filler_id=filler_id)
+    device = next(lm.parameters()).device
+    batch = scored.batch.to(device)
+    T = batch.input_ids.shape[1]
+    lengths = [len(ro.response) for ro in rollouts]
+    # the clean row predicting answer token i of rollout r sits at position P - 1 + i of row r
+    clean_row = [
+        [r * T + len(ro.prompt_ids) - 1 + i for i in range(n)] for r, (ro, n) in enumerate(zip(rollouts, lengths))
+    ]
+    owner, index = scored.owner.tolist(), scored.index.tolist()
+    verifier_rows = [clean_row[o][i] for o, i in zip(owner, index)]
+    with_ar = teacher_logp is not None and ar_weight > 0
+    ar_rows = [x for rows in clean_row for x in rows] if with_ar else []
+    n = len(owner)
+    rows = torch.tensor(scored.rows.tolist() + verifier_rows + ar_rows, dtype=torch.long, device=device)
+    logits = lm(batch, rows=rows)
+    logits[:, mask_id] = float("-inf")  # neither side ever emits <|mask|>
+    logp = logits.log_softmax(-1)
+    drafter, verifier = logp[:n], logp[n : 2 * n].detach()
+    rejected = torch.tensor(rejected, dtype=torch.bool, device=device)
+    forward = _kl(verifier, drafter)
+    reverse = _kl(drafter, verifier)
+    zero = logp.new_zeros(())
+    n_rej = int(rejected.sum())
+    n_acc = n - n_rej
+    total = forward[~rejected].sum() + reject_weight * reverse[rejected].sum()
+    loss = total / max(1, n)
+    ar_kl = zero
+    if with_ar:
+        student_ar = logp[2 * n :]
+        target = torch.cat(teacher_logp).to(device)
+        ar_kl = _kl(target, student_ar[:, : target.shape[-1]]).mean()
+        loss = loss + ar_weight * ar_kl
+    return DraftOPDParts(
+        loss,
+        (forward[~rejected].mean() if n_acc else zero).detach(),
+        (reverse[rejected].mean() if n_rej else zero).detach(),
+        ar_kl.detach(),
+        n_acc,
+        n_rej,
+    )
