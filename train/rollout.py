@@ -139,7 +139,8 @@ def decoding(lm):
     """The trainer's student (`TwoStreamLM`, possibly FSDP-sharded) as the server runs it, for the body of
     the block: the HF model with plain SDPA and the decode masks (the trainer may have switched it to its
     block-sparse or flex attention), gated-delta layers in decode form, and the FSDP root's parameters
-    (embeddings, final norm, head) gathered. Rollouts and the drafting metric both decode through it."""
+    (embeddings, final norm, head) gathered, in a one-rank run every layer's too (`_layers_to_hold`).
+    Rollouts and the drafting metric both decode through it."""
     from bdcore.gated_delta import is_hybrid
     from train.hybrid import patch_gated_delta_layers
 
@@ -147,11 +148,15 @@ def decoding(lm):
     impl = model.config._attn_implementation
     fsdp_root = hasattr(lm, "unshard")
     model.config._attn_implementation = "sdpa"
+    held = _layers_to_hold(lm) if fsdp_root else []
     if fsdp_root:
         # FSDP2 names its root at the first forward; a decode calls the decoder layers before the root
         # ever runs, so name the root first (a no-op once a training forward has run).
         lm._get_fsdp_state()._lazy_init()
         lm.unshard()
+    for layer in held:
+        layer.set_reshard_after_forward(False, recurse=False)
+        layer.unshard()
     was_training = model.training
     model.eval()
     try:
@@ -161,8 +166,24 @@ def decoding(lm):
         model.config._attn_implementation = impl
         if is_hybrid(model.config):  # back to the two-stream forward the training rows need
             patch_gated_delta_layers(model)
+        for layer in held:  # back to fsdp_shard's setting (train/parallel.py)
+            layer.set_reshard_after_forward(True, recurse=False)
+            layer.reshard()
         if fsdp_root:
             lm.reshard()
+
+
+def _layers_to_hold(lm) -> list:
+    """The FSDP-sharded layers to keep gathered for a whole decode: all of them in a one-rank run, where the
+    gathered copy costs no device more than one compute-dtype copy of the model, and each forward would
+    otherwise gather and cast every layer's weights again (on a CPU most of a rollout's time); none with
+    several ranks, whose shards are there because the whole model may not fit one device."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return []
+    return [m for m in lm.modules() if isinstance(m, FSDPModule) and m is not lm]
 
 
 def student_capabilities(cfg, *, mask_id: int, stop_ids: frozenset[int]) -> Capabilities:
