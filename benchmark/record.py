@@ -11,6 +11,12 @@ the base model's `generate`), `scaling` (drafting and `auto` speed against train
 `diffusion_quality` (accuracy against tokens per forward per setting) or `mode_quality` (pass@1 and agreement
 with the base model per mode, temperature and task). A record that breaks the schema is
 refused with the file and the field named, so a typo cannot silently drop a figure from the page.
+
+The results page shows today's figures only. When a newer run answers a record's question (the scaling
+curve of today's recipe; speed at 1 and 8 requests on a machine family; diffusion quality; quality per
+mode), give the older record `"superseded_by": "<the newer record's file name>.json"`: it stays in the data
+folder and moves from docs/results.md and its plots to docs/history/results-older.md. The name must be
+another record of the same folder (`load_all` checks it), so a typo cannot hide a run.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ RECORD_FIELDS = {
     "series": ("str", False),  # records sharing a series are one line set in a plot (e.g. concurrency 1 and 8)
     "notes": ("str", False),  # one paragraph printed under the table
     "speed_withdrawn": ("str", False),  # why the record's speed figures no longer hold (tokens per forward do)
+    "superseded_by": ("str", False),  # the newer record (a file name in the same folder): history page only
 }
 
 ROW_FIELDS = {
@@ -59,6 +66,7 @@ ROW_FIELDS = {
     "scaling": {
         "minutes": ("number", True),  # training minutes (idle CPU minutes where the notebook says so)
         "step": ("int", False),
+        "tokens": ("number", False),  # training tokens seen by then (the trainer's metrics.jsonl)
         "implied_linear": ("number", False),  # tokens per forward implied by the one-forward drafting metric
         "implied_all": ("number", False),
         "served_linear": ("number", False),  # tokens per forward served (greedy, self-spec N = bd_size)
@@ -88,6 +96,7 @@ KINDS = tuple(ROW_FIELDS)
 # a speed row must say how fast in at least one of these
 SPEED_FIGURES = ("tok_s", "vs_causal", "vs_base")
 SHARES = ("same_as_causal", "accuracy", "pass_at_1", "agree_exact", "agree_prefix")
+BASELINE, CAUSAL = "base generate", "causal"  # the speed rows every ratio is taken against
 
 
 class RecordError(ValueError):
@@ -145,7 +154,36 @@ def validate(record, where: str) -> dict:
                 raise RecordError(f"{where}: field 'rows[{i}].{share}': a share in [0, 1], got {row[share]!r}")
         if record["kind"] == "speed" and not any(f in row for f in SPEED_FIGURES):
             raise RecordError(f"{where}: field 'rows[{i}]': a speed row needs one of {', '.join(SPEED_FIGURES)}")
+    newer = record.get("superseded_by")
+    if newer is not None and (not newer.endswith(".json") or "/" in newer or "\\" in newer):
+        raise RecordError(
+            f"{where}: field 'superseded_by': expected the newer record's file name (NAME.json, in the same "
+            f"folder), got {newer!r}"
+        )
     return record
+
+
+def is_current(record: dict) -> bool:
+    """Whether the record belongs on the results page (no newer run superseded it)."""
+    return "superseded_by" not in record
+
+
+def speed_rows(record: dict) -> list[dict]:
+    """A speed record's rows with tok/s and both ratios filled in where the others give them: a ratio is
+    taken against the causal (or base generate) row of the same run and concurrency."""
+    rows = [dict(r) for r in record["rows"]]
+    key = lambda r: (r.get("run"), r["concurrency"])  # noqa: E731
+    causal = {key(r): r for r in rows if r["variant"] == CAUSAL}
+    base = {key(r): r for r in rows if r["variant"] == BASELINE}
+    for r in rows:
+        c, b = causal.get(key(r)), base.get(key(r))
+        if "tok_s" not in r and "vs_causal" in r and c is not None and "tok_s" in c:
+            r["tok_s"] = r["vs_causal"] * c["tok_s"]
+        if "tok_s" in r and c is not None and "tok_s" in c:
+            r.setdefault("vs_causal", r["tok_s"] / c["tok_s"])
+        if "tok_s" in r and b is not None and "tok_s" in b:
+            r.setdefault("vs_base", r["tok_s"] / b["tok_s"])
+    return rows
 
 
 def load(path: Path) -> dict:
@@ -158,11 +196,18 @@ def load(path: Path) -> dict:
 
 
 def load_all(folder: Path) -> list[tuple[Path, dict]]:
-    """Every `*.json` record in `folder`, by file name."""
+    """Every `*.json` record in `folder`, by file name; each `superseded_by` names another of them."""
     paths = sorted(Path(folder).glob("*.json"))
     if not paths:
         raise RecordError(f"{folder}: no *.json records")
-    return [(p, load(p)) for p in paths]
+    records = [(p, load(p)) for p in paths]
+    names = {p.name for p in paths}
+    for path, record in records:
+        newer = record.get("superseded_by")
+        if newer is not None and (newer == path.name or newer not in names):
+            why = "names the record itself" if newer == path.name else f"names no record in {folder}"
+            raise RecordError(f"{path}: field 'superseded_by': {why}, got {newer!r}")
+    return records
 
 
 def this_machine() -> str:

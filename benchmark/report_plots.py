@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: no display on CI machines and servers
 import matplotlib.pyplot as plt  # noqa: E402
 
-from benchmark.report import BASELINE, CAUSAL, speed_rows  # noqa: E402
+from benchmark.record import BASELINE, CAUSAL, speed_rows  # noqa: E402
 
 SIZE = (11.0, 4.8)  # inches; at DPI 100 a plot is 1100 x 480 pixels (the concurrency panels: 384 per row)
 DPI = 100
@@ -50,11 +50,12 @@ def _label(record: dict) -> str:
 
 
 def scaling(records: list[dict], path: Path) -> Path | None:
-    """Tokens per forward (implied: lines; served: squares) and `auto`'s speed against training minutes."""
+    """Tokens per forward (implied: lines; served: squares) and `auto`'s speed against training minutes;
+    speed ratios a record withdraws (`speed_withdrawn`) are left out, as they no longer hold."""
     runs = [r for r in records if r["kind"] == "scaling"]
     if not runs:
         return None
-    fig, (tpf, speed) = plt.subplots(1, 2, figsize=SIZE)
+    fig, (tpf, speed) = plt.subplots(1, 2, figsize=SIZE, sharex=True)
     data = []
     for i, record in enumerate(runs):
         colour = f"C{i % 10}"
@@ -62,7 +63,8 @@ def scaling(records: list[dict], path: Path) -> Path | None:
         withdrawn = "speed_withdrawn" in record
         points = {}
         for field in ("implied_linear", "implied_all", "served_linear", "served_all", "auto_vs_causal", "auto_vs_base"):
-            points[field] = [(r["minutes"], r[field]) for r in rows if field in r]
+            held = not (withdrawn and field.startswith("auto_"))
+            points[field] = [(r["minutes"], r[field]) for r in rows if field in r and held]
         data.append({"label": _label(record), "withdrawn": withdrawn, **points})
         for field, style in (("implied_linear", "-"), ("implied_all", "--")):
             if points[field]:
@@ -76,9 +78,7 @@ def scaling(records: list[dict], path: Path) -> Path | None:
         for field, marker in (("auto_vs_causal", "o"), ("auto_vs_base", "D")):
             if points[field]:
                 xs, ys = zip(*points[field])
-                hollow = field == "auto_vs_causal" and withdrawn
-                face = "none" if hollow else colour
-                speed.plot(xs, ys, marker, color=colour, markerfacecolor=face, markersize=7)
+                speed.plot(xs, ys, marker, color=colour, markersize=7)
     tpf.set(xlabel="training minutes (2-core CPU)", ylabel="tokens per forward")
     tpf.set_title("self-spec tokens per forward: implied (solid linear, dashed all), served (squares)", fontsize=9)
     tpf.legend(fontsize=7, loc="upper left")
@@ -86,14 +86,9 @@ def scaling(records: list[dict], path: Path) -> Path | None:
     speed.axhline(1.0, color="grey", linewidth=0.8)
     speed.set(xlabel="training minutes (2-core CPU)", ylabel="tok/s ratio")
     speed.set_title("self-spec auto tok/s over our causal mode and the base model's generate", fontsize=9)
-    keys = [
-        ("o", "none", "vs our causal, withdrawn"),
-        ("o", "black", "vs our causal"),
-        ("D", "black", "vs base generate"),
-    ]
-    for marker, face, label in keys:  # legend entries only: the colours are the runs of the left panel
-        speed.plot([], [], marker, color="black", markerfacecolor=face, label=label)
-    speed.legend(fontsize=7, loc="upper right")
+    for marker, label in (("o", "vs our causal"), ("D", "vs base generate")):  # legend only: colours as at left
+        speed.plot([], [], marker, color="black", label=label)
+    speed.legend(fontsize=7, loc="best")
     speed.grid(alpha=0.3)
     fig.tight_layout()
     return _save(fig, path, data)
@@ -197,7 +192,7 @@ def quality(records: list[dict], path: Path) -> Path | None:
             ax.set(xlabel="tokens per forward", ylabel=ylabel)
             ax.grid(alpha=0.3)
         axes[0][0].plot([], [], "o", color=f"C{i % 10}", label=_label(record))
-    axes[0][0].legend(fontsize=6)
+    axes[0][0].legend(fontsize=6, loc="center right")
     fig.tight_layout()
     return _save(fig, path, data)
 

@@ -1,7 +1,8 @@
 """Tiny random models and a servable tiny checkpoint: real HF architectures built from configs, fp32.
 
-The tests build on them, and so does the SGLang contract benchmark (benchmark/sglang_contract), which
-serves the same checkpoints; they live here, not in tests/, so no shipped module imports the test suite.
+The tests build on them (the engine contract checks under tests/contracts/ serve the same checkpoints),
+and so does the prepared GPU check (gpu_lib.sh); they live here, not in tests/, so no shipped module
+imports the test suite.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """`python -m benchmark.report` (benchmark/report.py, report_plots.py) over the schema of benchmark/record.py:
-tables and plots from a small hand-made record set, malformed records refused by file and field, and the
-committed docs/results.md and its PNGs held to the committed data."""
+tables and plots from a small hand-made record set, superseded records moved to the history page, malformed
+records refused by file and field, and the committed docs/results.md, its PNGs and the history page held to
+the committed data."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ SPEED_8 = [
     {"variant": "self-spec auto", "concurrency": 8, "vs_causal": 1.25},  # only the ratio was recorded
 ]
 SCALING = [
-    {"minutes": 5, "implied_linear": 1.3, "implied_all": 1.5},
+    {"minutes": 5, "tokens": 400_000, "implied_linear": 1.3, "implied_all": 1.5},
     {"minutes": 30, "implied_linear": 1.6, "implied_all": 1.9, "served_linear": 1.62, "auto_vs_causal": 1.4},
 ]
 DIFFUSION = [
@@ -73,12 +74,19 @@ def _argv(site: dict[str, Path], *extra: str) -> list[str]:
     return [*args, *extra]
 
 
+def _history(site: dict[str, Path]) -> Path:
+    """Where the history page goes by default: history/results-older.md beside the page."""
+    return site["out"].parent / "history" / "results-older.md"
+
+
 def test_tables_and_plots_from_a_small_record_set(site):
     site["out"].parent.mkdir()
     assert report.main(_argv(site)) == 0
     page = site["out"].read_text()
     assert page.startswith(report.HEADER + "\n\n# Results\n\nHand-written intro.")
-    assert page.rstrip().endswith("Hand-written history.")
+    # the sweep history closes the history page, which the page links relative to itself
+    assert "Hand-written history." not in page and "](history/results-older.md)" in page
+    assert _history(site).read_text().rstrip().endswith("Hand-written history.")
     # ratios against the base model's generate and our causal mode, computed from tok/s of the same run
     assert "| self-spec auto | 1 | 1.50 | 30.0 | 1.50x | 1.20x | 100% |" in page
     assert "| causal | 1 | 1.00 | 25.0 | 1.25x | 1.00x | - |" in page
@@ -86,8 +94,10 @@ def test_tables_and_plots_from_a_small_record_set(site):
     # (here tokens/forward and vs base generate) is left out
     assert "| variant | concurrency | tok/s | vs causal |\n|---|---|---|---|\n| causal | 8 | 40.0 | 1.00x |" in page
     assert "| self-spec auto | 8 | 50.0 | 1.25x |" in page
-    # withdrawn speed is struck through; tokens per forward stand
-    assert "| 30.0 | 1.600 | 1.900 | 1.62 | ~~1.40x~~ |" in page
+    # withdrawn speed is struck through; tokens per forward stand; training tokens where a row has them
+    assert "| training minutes | training tokens | implied linear tok/fwd |" in page
+    assert "| 5.0 | 400,000 | 1.300 | 1.500 | - | - |" in page
+    assert "| 30.0 | - | 1.600 | 1.900 | 1.62 | ~~1.40x~~ |" in page
     assert "| threshold 0.9 | 70.0% | 3.10 |" in page
     # every table names its command, machine and date
     for kind, machine, date in [
@@ -109,10 +119,11 @@ def test_tables_and_plots_from_a_small_record_set(site):
 def test_rendering_is_deterministic_and_check_catches_drift(site):
     site["out"].parent.mkdir()
     assert report.main(_argv(site)) == 0
-    first = {p.name: p.read_bytes() for p in [site["out"], *site["plots"].glob("*.png")]}
+    made = lambda: {p.name: p.read_bytes() for p in [site["out"], _history(site), *site["plots"].glob("*.png")]}  # noqa: E731
+    first = made()
     assert report.main(_argv(site, "--check")) == 0
     assert report.main(_argv(site)) == 0
-    assert first == {p.name: p.read_bytes() for p in [site["out"], *site["plots"].glob("*.png")]}
+    assert first == made()
     # a number changed in the data: the page and the scaling plot are stale
     path = site["data"] / "scaling.json"
     rec = json.loads(path.read_text())
@@ -123,6 +134,41 @@ def test_rendering_is_deterministic_and_check_catches_drift(site):
     # a plot that does not show its data (here: another plot under its name) is stale too
     shutil.copy(site["plots"] / "diffusion.png", site["plots"] / "scaling.png")
     assert report.main(_argv(site, "--check")) == 1
+    assert report.main(_argv(site)) == 0 and report.main(_argv(site, "--check")) == 0
+    # so is a history page that differs from its data
+    _history(site).write_text(_history(site).read_text() + "edited by hand\n")
+    assert report.main(_argv(site, "--check")) == 1
+
+
+def test_a_superseded_record_leaves_the_page_and_plots_for_the_history_page(site):
+    site["out"].parent.mkdir()
+    assert report.main(_argv(site)) == 0
+    before = {name: stamp(site["plots"] / name) for name in ("concurrency.png", "scaling.png")}
+    # an older run of the same series, superseded by the run at concurrency 1: a third concurrency, 4
+    older = [
+        {"variant": "causal", "concurrency": 4, "tok_s": 31.0},
+        {"variant": "self-spec auto", "concurrency": 4, "tok_s": 33.0},
+    ]
+    rec = _record("speed", older, title="an older run", date="2026-11-20", series="tiny, fp32")
+    (site["data"] / "speed-old.json").write_text(json.dumps(rec | {"superseded_by": "speed-c1.json"}))
+    assert report.main(_argv(site, "--check")) == 1  # the history page gains it
+    assert report.main(_argv(site)) == 0 and report.main(_argv(site, "--check")) == 0
+    page, history = site["out"].read_text(), _history(site).read_text()
+    assert "an older run" not in page and "| self-spec auto | 4 |" not in page
+    assert history.startswith(report.HISTORY_HEADER) and "](../results.md)" in history
+    at = history.index("### an older run")
+    assert history.index("## Speed against concurrency") < at < history.index("| self-spec auto | 4 | 33.0 | 1.06x |")
+    assert "Superseded by `speed-c1.json`: a speed run." in history
+    assert "### a speed run" not in history and "### at eight" not in history  # current records stay off it
+    # the plots show the current records only: the concurrency plot is the one drawn without the old record
+    assert before == {name: stamp(site["plots"] / name) for name in before}
+    # the same record made current again is back on the page and in the plot
+    (site["data"] / "speed-old.json").write_text(json.dumps(rec))
+    assert report.main(_argv(site)) == 0
+    assert (
+        "### an older run" in site["out"].read_text() and "No record is superseded yet." in _history(site).read_text()
+    )
+    assert stamp(site["plots"] / "concurrency.png") != before["concurrency.png"]
 
 
 @pytest.mark.parametrize(
@@ -137,6 +183,11 @@ def test_rendering_is_deterministic_and_check_catches_drift(site):
         (lambda r: r["rows"][0].pop("tok_s"), "'rows[0]'", "needs one of"),
         (lambda r: r["rows"][0].update(concurrency=True), "'rows[0].concurrency'", "integer"),
         (lambda r: r.update(rows=[]), "'rows'", "non-empty"),
+        (lambda r: r.update(superseded_by=True), "'superseded_by'", "expected a non-empty string"),
+        (lambda r: r.update(superseded_by="session 49"), "'superseded_by'", "file name (NAME.json"),
+        (lambda r: r.update(superseded_by="../data/speed-c8.json"), "'superseded_by'", "in the same folder"),
+        (lambda r: r.update(superseded_by="speed-c9.json"), "'superseded_by'", "names no record"),
+        (lambda r: r.update(superseded_by="speed-c1.json"), "'superseded_by'", "names the record itself"),
     ],
 )
 def test_a_malformed_record_is_refused_naming_the_file_and_field(site, capsys, change, field, words):
@@ -168,5 +219,9 @@ def test_a_benchmark_record_drops_what_the_schema_does_not_hold():
 def test_the_committed_page_and_plots_are_what_the_committed_data_makes():
     """docs/results.md cannot drift from docs/results/data: `python -m benchmark.report --check`."""
     assert report.main(["--check"]) == 0, "run `python -m benchmark.report` and commit docs/results*"
-    for name in ("scaling.png", "concurrency.png", "diffusion.png"):
-        assert f"](results/{name})" in (ROOT / "docs" / "results.md").read_text()
+    page = (ROOT / "docs" / "results.md").read_text()
+    for name in ("scaling.png", "concurrency.png", "diffusion.png", "quality.png"):
+        assert f"](results/{name})" in page
+    # today's figures only (the issue's bound); the older records live on the history page it links
+    assert len(page.splitlines()) <= 400 and "](history/results-older.md)" in page
+    assert (ROOT / "docs" / "history" / "results-older.md").read_text().startswith(report.HISTORY_HEADER)

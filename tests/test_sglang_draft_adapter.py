@@ -3,7 +3,7 @@ the adapters SGLang's loader would not load as trained, the per-token routing th
 manager (canvas rows the adapter, every other row none), and decodes under the emulated SGLang
 (tests/sglang_emulator.py) against the native engine: diffusion greedy and sampled token for token, self-spec
 greedy the base model's causal output and sampled the base model's AR law. The same routing through SGLang's own
-loader and token-segment code is `make sglang-contract`'s (benchmark/sglang_contract/lora.py)."""
+loader and token-segment code is `make sglang-contract`'s (tests/contracts/sglang/lora.py)."""
 
 from collections import Counter
 from dataclasses import replace

@@ -18,12 +18,12 @@ import yaml
 from bdcore.decode.sampling import SamplingParams
 from bdcore.loading import load_checkpoint
 from bdcore.serving_gate import CannotServe
-from benchmark.sglang_contract.names import DLLM_CONFIG_PARAMS
 from inference import serve
 from inference.native.engine import DecodeConfig, Engine
 from inference.sglang_backend import plugin
 from inference.sglang_backend.command import REPO_ROOT, bdstack_settings, child_environment
 from inference.sglang_backend.settings import DIFFUSION, SELF_SPEC, DecodeSettings
+from tests.contracts.sglang.names import DLLM_CONFIG_PARAMS
 from tests.sglang_emulator import EmulatedAttention
 from tests.sglang_emulator import serve as emulate
 from tests.test_invariant_4_self_spec import _prompts

@@ -2,7 +2,7 @@
 hands vLLM (canvas rows take the adapter, every other row none), the trained `<|mask|>` row it attaches, and
 decodes under the emulated vLLM (tests/vllm_emulator.py, `vllm_view`) against the native engine: greedy and
 sampled, token for token, with self-spec's greedy output the base model's causal output. The same LoRA
-routing through vLLM's own loader and punica ops is `make vllm-contract`'s (benchmark/vllm_contract/lora.py); the
+routing through vLLM's own loader and punica ops is `make vllm-contract`'s (tests/contracts/vllm/lora.py); the
 mapping `draft_lora.DraftLoRA.route` builds from that routing is tested here over stand-ins for the three vLLM
 names it imports."""
 

@@ -29,7 +29,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from benchmark.agentic.probe_cases import Case, cases
+from benchmark.agentic.case import Case
+from benchmark.agentic.probe_cases import cases
 
 
 @dataclass

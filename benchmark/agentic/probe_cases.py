@@ -3,7 +3,8 @@ with the harnesses that send it (the Korean harnesses' cases are in probe_korean
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from benchmark.agentic.case import Case
+from benchmark.agentic.probe_korean import korean_cases
 
 WEATHER = {
     "type": "function",
@@ -56,19 +57,7 @@ CALL2 = {
 }
 
 
-@dataclass
-class Case:
-    name: str
-    used_by: str
-    body: dict
-    path: str = "/chat/completions"
-    check: dict = field(default_factory=dict)  # no_calls, name, max_calls, forced
-    method: str = "POST"
-
-
 def cases(max_tokens: int) -> list[Case]:
-    from benchmark.agentic.probe_korean import korean_cases  # that module builds on Case, defined above
-
     mt = {"max_tokens": max_tokens}
     tool_history = [
         SYSTEM,

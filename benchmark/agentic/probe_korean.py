@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from benchmark.agentic.probe_cases import Case
+from benchmark.agentic.case import Case
 
 
 def _tool(name: str, description: str, properties: dict, required: list[str]) -> dict:

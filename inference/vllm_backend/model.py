@@ -19,7 +19,7 @@ and out (README.md, "The step contract", cites every vLLM line relied on):
   (`draft_lora.DraftLoRA`, from `StepGlue.adapter_rows`), and the model swaps in the trained `<|mask|>` row
   (`draft_adapter.py`).
 Imports vLLM's GPU worker modules, which import on CPU too: the contract check runs this shell there
-(`benchmark/vllm_contract/model_state.py`).
+(`tests/contracts/vllm/model_state.py`).
 """
 
 from __future__ import annotations

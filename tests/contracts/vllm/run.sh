@@ -5,15 +5,15 @@
 # warm), then a run takes 35 s on 2 shared cores (5.5 minutes once under heavy load; mostly importing vLLM).
 # See inference/vllm_backend/README.md ("Verified where").
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 
 VENV=${VLLM_CONTRACT_VENV:-.venv-vllm-contract}
 WORK=${VLLM_CONTRACT_WORK:-runs/vllm-contract}
-HERE=benchmark/vllm_contract
-source benchmark/contract_venv.sh
+HERE=tests/contracts/vllm
+source tests/contracts/venv.sh
 ensure_contract_venv "$VENV" vllm==0.33.0 "$HERE/requirements.txt" --editable
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
-TMPDIR=$PWD/$WORK OMP_NUM_THREADS=1 .venv/bin/python -m benchmark.vllm_contract.commands "$WORK"
-PYTHONPATH=$PWD OMP_NUM_THREADS=1 VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -m benchmark.vllm_contract.check "$WORK"
+TMPDIR=$PWD/$WORK OMP_NUM_THREADS=1 .venv/bin/python -m tests.contracts.vllm.commands "$WORK"
+PYTHONPATH=$PWD OMP_NUM_THREADS=1 VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -m tests.contracts.vllm.check "$WORK"

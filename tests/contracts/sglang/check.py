@@ -1,7 +1,7 @@
 """The SGLang contract check: our commands, plugin and family presets against SGLang 0.5.23's own code.
 
 Runs in the contract environment (`.venv-sglang`, see run.sh), never in `.venv`:
-`python benchmark/sglang_contract/check.py WORK` with WORK/commands.json written by `commands.py`.
+`python -m tests.contracts.sglang.check WORK` with WORK/commands.json written by `commands.py`.
 
 Executed against the real wheel: SGLang's argument parser (`prepare_server_args`) on every command,
 `register()` into SGLang's algorithm table and DllmConfig, SGLang's dLLM resolution step
@@ -23,11 +23,11 @@ import sys
 import types
 from pathlib import Path
 
-from benchmark.contract_report import Report
-from benchmark.sglang_contract.lora import check_lora
-from benchmark.sglang_contract.names import DLLM_CONFIG_PARAMS, SOURCE_NAMES, class_names
+from tests.contracts.report import Report
+from tests.contracts.sglang.lora import check_lora
+from tests.contracts.sglang.names import DLLM_CONFIG_PARAMS, SOURCE_NAMES, class_names
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 SGLANG_VERSION = "0.5.23"
 OUR_MODULES = ("inference.sglang_backend.launch", "sglang.launch_server")

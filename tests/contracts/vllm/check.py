@@ -1,7 +1,7 @@
 """The vLLM contract check: bdstack's commands and plugin against vLLM 0.33.0's own code, on CPU.
 
 Runs in the contract environment (`.venv-vllm-contract`, see run.sh), never in `.venv`:
-`python -m benchmark.vllm_contract.check WORK` with WORK/commands.json written by `commands.py`.
+`python -m tests.contracts.vllm.check WORK` with WORK/commands.json written by `commands.py`.
 
 Executed against the real wheel (VLLM_TARGET_DEVICE=cpu, no platform stub): vLLM's `serve` argument parser
 (`ServeSubcommand.subparser_init`, i.e. `make_arg_parser`) on every command, `AsyncEngineArgs.from_cli_args`,
@@ -24,10 +24,10 @@ import sys
 import types
 from pathlib import Path
 
-from benchmark.contract_report import Report
-from benchmark.vllm_contract.lora import check_draft_lora
-from benchmark.vllm_contract.model_state import check_model_state
-from benchmark.vllm_contract.names import check_source_names
+from tests.contracts.report import Report
+from tests.contracts.vllm.lora import check_draft_lora
+from tests.contracts.vllm.model_state import check_model_state
+from tests.contracts.vllm.names import check_source_names
 
 VLLM_VERSION = "0.33.0"
 

@@ -6,7 +6,7 @@ only the modules they import for annotations (logits_processor, forward_batch_in
 server_args, utils.is_npu, dllm.config):
 
     pip download --no-deps sglang==0.5.23 -d /tmp/w && unzip -q /tmp/w/sglang-0.5.23-*.whl -d /tmp/w/src
-    PYTHONPATH=. .venv/bin/python -m benchmark.sglang_contract.unshifted_check /tmp/w/src/sglang
+    PYTHONPATH=. .venv/bin/python -m tests.contracts.sglang.unshifted_check /tmp/w/src/sglang
 
 1. LowConfidence.run (base._run_sync) with a fake model runner whose logits are unshifted
    (row j predicts slot j) == a re-implementation with bdcore.decode.rules.commit_slots

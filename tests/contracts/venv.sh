@@ -1,4 +1,4 @@
-# Sourced by benchmark/{sglang,vllm}_contract/run.sh: builds an engine's contract venv once.
+# Sourced by tests/contracts/{sglang,vllm}/run.sh: builds an engine's contract venv once.
 # ensure_contract_venv VENV ENGINE_PIN REQUIREMENTS [--editable]
 # The engine wheel goes in --no-deps over torch 2.13.0 CPU: its own CUDA torch pin is not needed to parse
 # arguments and build configs, and the constraint keeps every later install on the CPU build. --editable

@@ -158,7 +158,7 @@ def check_case(r, parser, case: dict, ckpt: Path) -> None:
     draft = DraftLoRA(vllm_config, table.model, "cpu", m.draft_dir(vllm_config, settings.draft_adapter))
 
     # the plugin's ModelState (its __init__ needs a VllmConfig the model class was built for)
-    from benchmark.vllm_contract.model_state import PROMPTS, fake_batch
+    from tests.contracts.vllm.model_state import PROMPTS, fake_batch
 
     state = m.BdstackModelState.__new__(m.BdstackModelState)
     state.settings, state.glue, state.device, state.draft = settings, StepGlue(settings), torch.device("cpu"), draft
