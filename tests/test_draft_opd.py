@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.modes import CommitStep
+from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.draft_adapter import ADAPTER_DIR, LoraSpec, add_lora
 from bdcore.loading import load_checkpoint
@@ -22,9 +23,10 @@ from tests.test_invariant_4_self_spec import _prompts
 from tests.tiny import tiny_checkpoint
 from train.build import continue_draft_adapter
 from train.config import BlockDiffusionConfig, FlagError
-from train.draft_opd import draft_opd_loss, verify_states
+from train.draft_opd import draft_opd_loss, verify_states, walk_verdicts, walked_rollouts
 from train.model import TwoStreamLM
 from train.rollout import rollout
+from train.rows import Sample
 from train.trajectory import trajectory_rows
 
 
@@ -209,3 +211,36 @@ def test_a_draft_adapter_continues_from_its_checkpoint(tmp_path):
         assert len(ours) == 1 and torch.equal(ours[0], value), key
     with pytest.raises(FlagError, match="pass --lora_rank 4 --lora_alpha 8"):
         continue_draft_adapter(copy.deepcopy(model), str(ckpt), LoraSpec(rank=8, alpha=16))
+
+
+def test_the_walk_replays_the_decoders_verifies_by_hand():
+    # N 4, answer positions [10, 22): anchor 10 (the prefill's canvas of 4) accepts all 3 and drafts on; 14
+    # accepts 1, so a cold step puts the next canvas at 17; 17 accepts none (cold again: 19); 19 reaches the end
+    accepted = {10: 3, 14: 1, 17: 0, 19: 2}
+    table = [accepted.get(a, -100) for a in range(10, 22)]
+    got = [(v.start, v.canvas, v.verified, v.accepted) for v in walk_verdicts(table, 10, 22, 4)]
+    assert got == [(10, 4, 3, 3), (14, 3, 3, 1), (17, 3, 3, 0), (19, 3, 3, 2)]
+
+
+def test_the_walk_makes_the_verifies_the_decoder_makes(loaded):
+    """Along the model's own greedy answers, the walk (one scoring forward a sample) gives the verifies the
+    served self-spec decoder made while decoding them."""
+    _, rollouts, lm = _setup(loaded)
+    eot = end_of_turn_id(loaded.tokenizer)
+    samples = []
+    for ro in rollouts:  # the decoded answers as dataset samples, closed by the end-of-turn token
+        P = len(ro.prompt_ids)
+        samples.append(Sample(ro.prompt_ids + ro.response + [eot], [(P, P + len(ro.response) + 1)]))
+    runner = ModelRunner.for_checkpoint(lm.model, loaded.capabilities)
+    walked = walked_rollouts(runner, samples, mask_id=loaded.mask_id, draft_len=lm.cfg.bd_size)
+    compared = 0
+    for ro, w in zip(rollouts, walked):
+        assert w.prompt_ids == ro.prompt_ids and w.response == ro.response + [eot]
+        end = len(ro.prompt_ids) + len(ro.response)  # the decode was cut there: compare verifies inside it
+
+        def inside(verdicts, end=end):
+            return [(v.start, v.canvas, v.verified, v.accepted) for v in verdicts if v.start + v.verified < end]
+
+        assert inside(w.verdicts) == inside(ro.verdicts)
+        compared += len(inside(ro.verdicts))
+    assert compared > 10

@@ -73,3 +73,14 @@ def test_a_full_fine_tune_distils_its_drafts_from_its_own_ar_head(demo_kit, tmp_
     metrics = read_metrics(run)
     assert metrics[1]["opd_ar_kl"] == pytest.approx(0.0, abs=1e-5)  # step 1: the student is the teacher
     assert metrics[2]["opd_ar_kl"] > 0 and metrics[2]["opd_kl_tokens"] > 0
+
+
+def test_walked_states_train_on_two_ranks(demo_kit, sft, tmp_path):
+    """--opd_draft_states walk: the verifies walked along the dataset's answers, no decoding; two FSDP ranks
+    whose samples need different numbers of scoring forwards stay in lockstep."""
+    run = tmp_path / "walk"
+    flags = dict(STAGE, opd_draft_states="walk", opd_prompts_per_step=3)
+    run_train(train_args(demo_kit, run, model_id=sft, max_steps=2, lr="5e-3", **flags), nproc=2)
+    metrics = read_metrics(run)[2]
+    assert metrics["opd_kl_tokens"] > 0 and 1.0 <= metrics["acceptance_length"] <= 4.0
+    assert any(not torch.equal(v, _adapter(sft)[k]) for k, v in _adapter(run / "final").items())

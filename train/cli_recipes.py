@@ -37,6 +37,16 @@ def recipe_flags(p: argparse.ArgumentParser) -> None:
     field_flag(
         o,
         opd,
+        "opd_draft_states",
+        "with --opd_rollout self-spec, where the verifies come from: decode (the default; the served decoder on "
+        "the prompts) or walk (greedy self-spec replayed along the dataset's answers from one scoring forward a "
+        "sample, many times cheaper; exact when the answers are the verifier's own greedy answers, as "
+        "self-distilled data are, and the same decoder along another path otherwise)",
+        choices=opd.DRAFT_STATES,
+    )
+    field_flag(
+        o,
+        opd,
         "opd_reject_weight",
         "self-spec rollouts: weight of the reverse KL at the first rejected slot (default %(default)s)",
     )
@@ -149,6 +159,8 @@ def check_opd(args, bad) -> None:
             )
         if args.canvas_fill != "mask":
             bad("--opd_rollout", f"self-spec rollouts revisit canvases of masks; drop --canvas_fill {args.canvas_fill}")
+    elif args.opd_draft_states != OPDSection.opd_draft_states:
+        bad("--opd_draft_states", "applies to --opd_rollout self-spec only")
     if args.opd_teacher is not None:
         try:
             check_model_id(args.opd_teacher)

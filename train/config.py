@@ -248,14 +248,24 @@ class OPDSection:
     """The flags of `--recipe opd`, on-policy distillation (`train/opd.py`)."""
 
     # what a resume of an OPD run must share: the draws of each step depend on them
-    RESUME_MUST_MATCH: ClassVar = ("opd_prompts_per_step", "opd_states_per_block", "opd_slots", "opd_rollout")
+    RESUME_MUST_MATCH: ClassVar = (
+        "opd_prompts_per_step",
+        "opd_states_per_block",
+        "opd_slots",
+        "opd_rollout",
+        "opd_draft_states",
+    )
     ROLLOUTS: ClassVar = ("diffusion", "self-spec")
+    DRAFT_STATES: ClassVar = ("decode", "walk")
 
     # diffusion: the student's own answers, KL at its commits (train/opd.py); self-spec: Draft-OPD, the drafts
     # the served self-spec decoder verified, forward KL where accepted, reverse at the first rejection
     # (train/draft_opd.py)
     opd_rollout: str = "diffusion"
     opd_reject_weight: float = 1.0  # self-spec rollouts: weight of the reverse KL at each first rejected slot
+    # self-spec rollouts: decode the prompts, or walk greedy self-spec along the dataset's answers (one scoring
+    # forward a sample; exact where the answers are the verifier's own greedy ones: self-distilled data)
+    opd_draft_states: str = "decode"
     opd_teacher: str | None = None  # the frozen AR teacher (default: --model_id as loaded, before conversion)
     opd_threshold: float = DecodeConfig.threshold  # rollout commit threshold (the server's default)
     opd_temperature: float = 0.0  # rollout sampling temperature (0: greedy, the server's default)

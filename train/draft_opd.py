@@ -23,9 +23,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from bdcore.decode.modes import CommitStep
-from train.rollout import Rollout
+from bdcore.decode.modes import CommitStep, DraftVerdict
+from train.rollout import Rollout, collective_device
+from train.rows import Sample
 from train.trajectory import trajectory_rows
+
+WALK_ROWS = 4096  # rows of one scoring forward of the walk (as the drafting metric's)
 
 
 @dataclass
@@ -54,6 +57,59 @@ def verify_states(ro: Rollout, mask_id: int) -> tuple[list[CommitStep], list[boo
             states.append(CommitStep(v.start, [mask_id] * v.canvas, slots, tokens, [0.0] * len(slots)))
             rejected += [s > v.accepted for s in slots]
     return states, rejected
+
+
+def walk_verdicts(accepted: list[int], start: int, end: int, draft_len: int) -> list[DraftVerdict]:
+    """The verifies greedy linear self-spec (`DecodeConfig(mode="self-spec")`: one canvas after the last clean
+    row) makes along an answer at positions [start, end), replayed from the accepted prefix at every anchor
+    (`bdcore.decode.draft_quality.score_sample`): the prefill's canvas of N masks at the first answer position,
+    then a verify at each anchor a; all N - 1 accepted leaves fresh drafts at a + N, a rejection a cold step
+    whose canvas sits one place past the correction. The drafts themselves are not kept (empty)."""
+    N, a, warm, out = draft_len, start, True, []
+    while a < end - 1:
+        if warm:
+            k = accepted[a - start]
+            out.append(DraftVerdict(a, N if a == start else N - 1, [], N - 1, k))
+            warm = k == N - 1
+            a += k + 1
+        else:
+            a, warm = a + 1, True
+    return out
+
+
+def walked_rollouts(runner, samples: list[Sample], *, mask_id: int, draft_len: int) -> list[Rollout]:
+    """Self-spec rollouts without decoding: each sample's last answer, taken as what greedy self-spec
+    commits, and the verifies it makes along it (`walk_verdicts`), from one scoring forward per sample. Exact
+    where the answer is the verifier's own greedy answer (self-distilled data, a draft adapter's base); on
+    other answers the same decoder's behaviour along that path. `runner`: a `ModelRunner` of the student."""
+    from bdcore.decode.draft_quality import canvas_forwards, score_sample
+
+    out, forwards = [], 0
+    for sample in samples:
+        start, end = sample.spans[-1]
+        ids = list(sample.input_ids[:end])
+        scored = score_sample(runner, ids, start, mask_id=mask_id, draft_len=draft_len, max_rows=WALK_ROWS)
+        forwards += len(canvas_forwards(ids, start, mask_id=mask_id, draft_len=draft_len, max_rows=WALK_ROWS))
+        verdicts = walk_verdicts(scored.accepted, start, end, draft_len)
+        out.append(Rollout(ids[:start], ids[start : end - 1], ids[end - 1], verdicts=verdicts))
+    _lockstep(runner, forwards, mask_id)
+    return out
+
+
+def _lockstep(runner, forwards: int, mask_id: int) -> None:
+    """Sharded ranks gather parameters in every forward, so each runs as many as the busiest: one-row
+    stand-in forwards make up the difference (as `train.rollout.rollout` does)."""
+    import torch.distributed as dist
+
+    from bdcore.decode.rows import Forward, Rows
+    from bdcore.decode.sequence import SequenceCache
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    most = torch.tensor([forwards], device=collective_device())
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    for _ in range(int(most.item()) - forwards):
+        runner.forward([(SequenceCache(), Forward(Rows().clean([mask_id], 0), 0))])
 
 
 def _kl(p_logp: torch.Tensor, q_logp: torch.Tensor) -> torch.Tensor:

@@ -18,15 +18,16 @@ import time
 import torch
 
 from bdcore.decode.config import DecodeConfig
+from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.loading import CheckpointError, load_weights
 from bdcore.tokens import MASK_TOKEN, stop_ids
 from train.build import compute_dtype
 from train.config import FlagError, JobConfig
-from train.draft_opd import draft_opd_loss
+from train.draft_opd import draft_opd_loss, walked_rollouts
 from train.noise import noise_generator
 from train.opd import choose_states, opd_loss, prompt_of, teacher_logprobs
-from train.rollout import student_rollouts
+from train.rollout import decoding, student_capabilities, student_rollouts
 from train.rows import Sample
 
 OPD_STREAM = 1 << 20  # micro-step slot of the OPD draws in `noise_generator`, apart from the SFT micro-steps
@@ -83,6 +84,7 @@ class OnPolicyDistiller:
         self.sft_weight = self.opd.opd_sft_weight
         self.mask_id, self.filler_id = tokens.special.mask_id, tokens.special.filler_id
         self.stop_ids = stop_ids(tokens.tokenizer)
+        self.samples = samples
         self.prompts = [prompt_of(s) for s in samples]
         dtype = compute_dtype(config, info) or torch.float32  # the student's compute dtype
         self.teacher = None  # a draft adapter's clean stream is the base model: the teacher comes free
@@ -103,15 +105,10 @@ class OnPolicyDistiller:
         picks = torch.randint(len(self.prompts), (self.opd.opd_prompts_per_step,), generator=gen).tolist()
         t0 = time.perf_counter()
         seed = int(torch.randint(1 << 30, (), generator=gen))
-        rollouts = student_rollouts(
-            lm,
-            [self.prompts[i] for i in picks],
-            mask_id=self.mask_id,
-            stop_ids=self.stop_ids,
-            decode=self.decode,
-            params=self.params,
-            seed=seed,
-        )
+        if self.draft_opd and self.opd.opd_draft_states == "walk":
+            rollouts = self._walk(lm, [self.samples[i] for i in picks])
+        else:
+            rollouts = self._rollouts(lm, [self.prompts[i] for i in picks], seed)
         t1 = time.perf_counter()
         teacher_logp = None
         if self.teacher is not None:
@@ -149,6 +146,24 @@ class OnPolicyDistiller:
             "t_student_s": t3 - t2,
         }
 
+    def _rollouts(self, lm, prompts: list[list[int]], seed: int):
+        return student_rollouts(
+            lm,
+            prompts,
+            mask_id=self.mask_id,
+            stop_ids=self.stop_ids,
+            decode=self.decode,
+            params=self.params,
+            seed=seed,
+        )
+
+    def _walk(self, lm, samples: list[Sample]):
+        """Draft-OPD's verifies walked along the samples' answers (`train.draft_opd.walked_rollouts`)."""
+        caps = student_capabilities(lm.cfg, mask_id=self.mask_id, stop_ids=self.stop_ids)
+        with decoding(lm) as model:
+            runner = ModelRunner.for_checkpoint(model, caps)
+            return walked_rollouts(runner, samples, mask_id=self.mask_id, draft_len=lm.cfg.bd_size)
+
     def _draft_step(self, lm, rollouts, teacher_logp) -> dict[str, float]:
         """Draft-OPD (`train/draft_opd.py`) on self-spec rollouts: loss, backward and its metrics."""
         parts = draft_opd_loss(
@@ -162,7 +177,11 @@ class OnPolicyDistiller:
         )
         parts.loss.backward()
         verdicts = [v for r in rollouts for v in r.verdicts]
-        generated = sum(r.stats.generated for r in rollouts)
+        generated = sum(len(r.response) for r in rollouts)
+        # forwards: decoded, as counted; walked, the prefill, each verify and the cold step after a rejection
+        forwards = sum(r.stats.forwards for r in rollouts) or sum(
+            1 + len(r.verdicts) + sum(v.accepted < v.verified for v in r.verdicts[:-1]) for r in rollouts
+        )
         return {
             "opd_loss": float(parts.loss.detach()),
             "opd_kl": float(parts.kl),
@@ -170,7 +189,7 @@ class OnPolicyDistiller:
             "opd_ar_kl": float(parts.ar_kl),
             "opd_kl_tokens": parts.accepted_slots + parts.rejected_slots,
             "rollout_len": generated / len(rollouts),
-            "rollout_tokens_per_forward": generated / max(1, sum(r.stats.forwards for r in rollouts)),
+            "rollout_tokens_per_forward": generated / max(1, forwards),
             # what the served decoder got from these drafts: accepted drafts per verify, plus the AR token
             "acceptance_length": 1 + sum(v.accepted for v in verdicts) / max(1, len(verdicts)),
         }

@@ -66,12 +66,12 @@ def any_rank_active(active: bool) -> bool:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return active
-    flag = torch.tensor([1 if active else 0], device=_collective_device())
+    flag = torch.tensor([1 if active else 0], device=collective_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
 
-def _collective_device() -> torch.device:
+def collective_device() -> torch.device:
     import torch.distributed as dist
 
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
