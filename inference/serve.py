@@ -19,19 +19,17 @@ import math
 import os
 import re
 import shlex
-import signal
-import subprocess
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # `python inference/X.py` from a checkout: the packages live in its root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bdcore.decode.config import AUTO, SELF_SPEC_CANVASES, TREE_OFF, DecodeConfig  # noqa: E402
+from bdcore.decode.config import AUTO, SELF_SPEC_CANVASES, DecodeConfig  # noqa: E402
 from bdcore.decode.config import MODES as NATIVE_MODES  # noqa: E402
 from bdcore.serving_gate import resolve  # noqa: E402
+from inference.backend_command import engine_capabilities, run_command  # noqa: E402
 from inference.server_defaults import SERVER  # noqa: E402
 from inference.sglang_backend.command import FAMILIES as SGLANG_FAMILIES  # noqa: E402
 
@@ -210,7 +208,7 @@ def pick_backend(
         from bdcore.serving_gate import serves
 
         try:
-            caps = child_capabilities(model, mode)
+            caps = engine_capabilities(model, mode)
         except ValueError:  # a malformed sidecar or config.json: the native engine's loader names it
             return "native"
         if serves(caps, DecodeConfig(mode=mode), "vllm"):
@@ -218,98 +216,21 @@ def pick_backend(
     return "native"
 
 
-def child_capabilities(model: str | None, mode: str):
-    """The checkpoint's capabilities as SGLang's and vLLM's commands see it, for the serving gate. Their causal
-    mode is their stock engine on the HF weights, which reads nothing of ours (the directory may even be a hub
-    id), so it is asked about a plain checkpoint; a directory without config.json is a plain one too."""
-    from bdcore.capabilities import Capabilities, read_capabilities
-
-    caps = read_capabilities(model) if model and mode != "causal" else None
-    return caps or Capabilities.from_sidecar(None)
-
-
-def child_settings(args) -> dict:
-    """The decode settings SGLang and vLLM are asked to run, but the mode (their self-spec layout is fixed:
-    `last` unless the flag asks for another, which the serving gate refuses)."""
-    return dict(
-        block_size=args.block_size,
-        threshold=args.threshold,
-        steps=args.steps,
-        draft_len=args.draft_len,
-        self_spec_canvases=args.self_spec_canvases or DecodeConfig.self_spec_canvases,
-    )
-
-
-def vllm_command(args, extra: list[str]) -> list[str]:
-    from inference.vllm_backend import command as vc
-
-    where = dict(python=vc.resolve_vllm_python(args.vllm_python), host=args.host, port=args.port)
-    where |= dict(api_key=args.api_key, max_num_seqs=args.max_batch, served_model_name=args.served_model_name)
-    if args.mode == "causal":
-        resolve(child_capabilities(args.model, args.mode), DecodeConfig(args.mode, **child_settings(args)), "vllm")
-        return vc.build_causal_command(args.model, extra_args=extra, **where)
-    settings = vc.bdstack_settings(args.model, args.mode, **child_settings(args))  # through the serving gate
-    return vc.build_bdstack_command(args.model, settings, extra_args=extra, **where)
-
-
-def sglang_command(args, extra: list[str]) -> list[str]:
-    from inference.sglang_backend import command as sl
-
-    python = sl.resolve_sglang_python(args.sglang_python)
-    # SGLang runs dLLM requests one at a time unless told how many may share a batch.
-    where = dict(python=python, host=args.host, port=args.port, api_key=args.api_key)
-    where |= dict(max_running_requests=args.max_batch, served_model_name=args.served_model_name)
-    if args.mode in SGLANG_FAMILIES:
-        cfg = sl.load_family_config(args.mode)
-        tmp = Path(tempfile.mkdtemp(prefix="bdstack-sglang-"))
-        algo = sl.write_algorithm_config(cfg, tmp) if cfg.algorithm_config else None
-        return sl.build_sglang_command(args.model, family=args.mode, extra_args=extra, algo_config_path=algo, **where)
-    if args.mode == "causal":  # a bdstack checkpoint is a stock HF model: plain SGLang serves it causally
-        resolve(child_capabilities(args.model, args.mode), DecodeConfig(args.mode, **child_settings(args)), "sglang")
-        cmd = [python, "-m", "sglang.launch_server", "--model-path", args.model, "--host", args.host]
-        cmd += ["--port", str(args.port)] + (["--api-key", args.api_key] if args.api_key else [])
-        cmd += ["--served-model-name", args.served_model_name] if args.served_model_name else []
-        return cmd + extra
-    settings = sl.bdstack_settings(args.model, args.mode, **child_settings(args))  # through the serving gate
-    path = Path(tempfile.mkdtemp(prefix="bdstack-sglang-")) / f"{settings.algorithm}.yaml"
-    return sl.build_bdstack_command(args.model, settings, path, extra_args=extra, **where)
-
-
 def run_child(args, extra: list[str], backend: str) -> int:
-    """Build SGLang's or vLLM's command; print it (--dry-run) or run it in its own interpreter."""
+    """Build SGLang's or vLLM's command (its backend's `command_from_args`); print it (--dry-run) or run it in the
+    engine's own interpreter."""
     if backend == "vllm":
-        from inference.vllm_backend.command import child_environment
-
-        build = vllm_command
+        from inference.vllm_backend import command as commands
     else:
-        from inference.sglang_backend.command import child_environment
-
-        build = sglang_command
+        from inference.sglang_backend import command as commands
     try:
-        if args.tree not in (None, TREE_OFF):  # the gate says why this backend verifies no draft tree
-            caps = child_capabilities(args.model, args.mode)
-            resolve(caps, DecodeConfig(args.mode, **child_settings(args), tree=args.tree), backend)
-        cmd = build(args, extra)
+        cmd = commands.command_from_args(args, extra)
     except ValueError as e:
         raise ServeError(str(e)) from e
     if args.dry_run:
         print(shlex.join(cmd))  # copy-pasteable: the vLLM flags carry JSON
         return 0
-    log = open(args.log, "a") if args.log else None  # noqa: SIM115 (closed below)
-    pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT) if log else {}
-    child = subprocess.Popen(cmd, env=child_environment(), text=True, **pipe)
-    previous = {sig: signal.signal(sig, lambda s, _f: child.send_signal(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        if log:
-            for line in child.stdout:
-                sys.stdout.write(line)
-                log.write(line)
-                log.flush()
-            log.close()
-        return child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return run_command(cmd, commands.child_environment(), args.log)
 
 
 def server_settings_refusal(args) -> str | None:

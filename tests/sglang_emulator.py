@@ -14,7 +14,7 @@ wheel's source: `srt/dllm/mixin/scheduler.py`, `srt/dllm/mixin/req.py`, `srt/dll
   forwards alike; DECODER_BIDIRECTIONAL makes the forward's new tokens see each other both ways. The
   type is whatever the last `set_attention` left (RadixAttention starts causal);
 - stops: `Req._check_token_based_finish` with SGLang's stop set as the launcher reads it
-  (`sglang_stop_ids`: config.json and generation config `eos_token_id`, the tokenizer's eos), then
+  (`engine_stop_ids`: config.json and generation config `eos_token_id`, the tokenizer's eos), then
   `max_new_tokens`;
 - hybrid models behave like SGLang's gated-delta layers: a (causal) canvas forward absorbs the
   canvas into the request's recurrent state and leaves it there, unless the state guard restores it;
@@ -43,8 +43,8 @@ from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import SequenceCache
 from bdcore.draft_adapter import draft_gate
 from bdcore.gated_delta import is_hybrid
+from inference.backend_command import engine_stop_ids
 from inference.sglang_backend.algorithms import ShiftedCanvasAlgorithm
-from inference.sglang_backend.command import sglang_stop_ids
 from inference.sglang_backend.draft_lora import DraftLoRA
 
 _REQUEST_IDS = itertools.count()
@@ -235,7 +235,7 @@ def serve(
     runner = runner or EmulatedModelRunner(loaded)
     if algorithm.router is not None and algorithm.router.manager.runner is not runner:
         algorithm.router = None  # another model runner is another served model: the adapter is loaded into it
-    B, vocab, stops = algorithm.block_size, len(loaded.tokenizer), sglang_stop_ids(loaded.path, loaded.tokenizer)
+    B, vocab, stops = algorithm.block_size, len(loaded.tokenizer), engine_stop_ids(loaded.path, loaded.tokenizer)
     rids = rids or [f"req-{next(_REQUEST_IDS)}" for _ in prompts]
     waiting = [_Request(rid, list(p), q) for rid, p, q in zip(rids, prompts, params)]
     requests, running = list(waiting), []

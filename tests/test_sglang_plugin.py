@@ -19,9 +19,10 @@ from bdcore.decode.sampling import SamplingParams
 from bdcore.loading import load_checkpoint
 from bdcore.serving_gate import CannotServe
 from inference import serve
+from inference.backend_command import REPO_ROOT
 from inference.native.engine import DecodeConfig, Engine
 from inference.sglang_backend import plugin
-from inference.sglang_backend.command import REPO_ROOT, bdstack_settings, child_environment
+from inference.sglang_backend.command import bdstack_settings, child_environment
 from inference.sglang_backend.settings import DIFFUSION, SELF_SPEC, DecodeSettings
 from tests.contracts.sglang.names import DLLM_CONFIG_PARAMS
 from tests.sglang_emulator import EmulatedAttention
@@ -289,8 +290,8 @@ def test_server_arg_decisions():
 
 def test_end_of_turn_must_be_an_sglang_stop(ckpt, tmp_path, monkeypatch):
     """The algorithms report a filler as end-of-turn; SGLang stops only at its own stop set."""
-    from inference.sglang_backend import command as sglang_launch
-    from inference.sglang_backend.command import sglang_stop_ids
+    from inference import backend_command
+    from inference.backend_command import engine_stop_ids
 
     changed = tmp_path / "ckpt"
     changed.mkdir()
@@ -300,10 +301,10 @@ def test_end_of_turn_must_be_an_sglang_stop(ckpt, tmp_path, monkeypatch):
     settings = bdstack_settings(changed, "diffusion")
     tokenizer = SimpleNamespace(eos_token_id=settings.filler_id)  # an eos that is not end-of-turn
     (changed / "generation_config.json").write_text(json.dumps({"eos_token_id": [settings.end_of_turn_id, 7]}))
-    assert sglang_stop_ids(changed, tokenizer) >= {settings.end_of_turn_id, 7, settings.filler_id}
+    assert engine_stop_ids(changed, tokenizer) >= {settings.end_of_turn_id, 7, settings.filler_id}
     (changed / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
-    assert settings.end_of_turn_id not in sglang_stop_ids(changed, tokenizer)
-    monkeypatch.setattr(sglang_launch, "sglang_stop_ids", lambda model_dir, tok: frozenset({7}))
+    assert settings.end_of_turn_id not in engine_stop_ids(changed, tokenizer)
+    monkeypatch.setattr(backend_command, "engine_stop_ids", lambda model_dir, tok: frozenset({7}))
     with pytest.raises(ValueError, match="would not stop at end-of-turn"):
         bdstack_settings(changed, "diffusion")
 

@@ -6,6 +6,7 @@ import shlex
 import pytest
 
 from inference import serve
+from inference.backend_command import REPO_ROOT
 from inference.vllm_backend import command as vc
 from inference.vllm_backend.settings import VllmDecodeSettings
 from tests.tiny import tiny_checkpoint
@@ -143,7 +144,7 @@ def test_vllm_python_and_child_environment(monkeypatch):
     monkeypatch.setenv(vc.VLLM_PYTHON_ENV, "/env/python")
     assert vc.resolve_vllm_python(None) == "/env/python" and vc.resolve_vllm_python("/cli") == "/cli"
     env = vc.child_environment({"PYTHONPATH": "/x", "VLLM_PLUGINS": "other"})
-    assert env["PYTHONPATH"].split(":") == [str(vc.REPO_ROOT), "/x"]
+    assert env["PYTHONPATH"].split(":") == [str(REPO_ROOT), "/x"]
     assert env["VLLM_PLUGINS"] == "other,bdstack"
     assert "VLLM_PLUGINS" not in vc.child_environment({})  # unset: vLLM loads every plugin
 

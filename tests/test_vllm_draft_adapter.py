@@ -17,6 +17,7 @@ import torch
 from bdcore.decode.rows import Rows
 from bdcore.decode.sampling import SamplingParams
 from bdcore.loading import load_checkpoint
+from inference.backend_settings import DRAFT_LORA_NAME
 from inference.vllm_backend import command as vc
 from inference.vllm_backend import draft_adapter as da
 from inference.vllm_backend.steps import BatchRow, StepGlue
@@ -159,7 +160,7 @@ def test_the_lora_mapping_gives_the_adapter_to_drafting_tokens_only(draft_lora, 
     config = types.SimpleNamespace(lora_config=object())
     draft = draft_lora.DraftLoRA(config, model, "cpu", tmp_path / "draft_adapter")
     assert draft.worker._adapter_manager is manager and draft.worker.built == (config, "cpu", model.embedding_modules)
-    assert draft.request == StandInRequest(da.DRAFT_LORA_NAME, da.DRAFT_LORA_ID, str(tmp_path / "draft_adapter"))
+    assert draft.request == StandInRequest(DRAFT_LORA_NAME, da.DRAFT_LORA_ID, str(tmp_path / "draft_adapter"))
     assert da.DRAFT_LORA_ID != 0, "0 is vLLM's no-LoRA id"
     # a prefilling request, one whose cold step has a clean pending token then a canvas, and padding
     mask = 3

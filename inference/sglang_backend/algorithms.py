@@ -80,8 +80,9 @@ class ShiftedCanvasAlgorithm:
         raise NotImplementedError
 
     def draft_router(self, model_runner):
-        """The checkpoint's draft adapter on `model_runner`'s model, loaded (its `<|mask|>` row attached): an object
-        whose `route(drafting)` makes the next forward run the adapter at the `drafting` rows, and `reset()` none."""
+        """The checkpoint's draft adapter on `model_runner`'s model, loaded (its `<|mask|>` row attached): a
+        `backend_settings.DraftRouter`, whose `route(drafting)` makes the next forward run the adapter at the
+        `drafting` rows, and `reset()` none."""
         raise NotImplementedError
 
     def recurrent_state_guard(self, model_runner, forward_batch):

@@ -1,4 +1,6 @@
-"""Build the `python -m sglang.launch_server` command for upstream SGLang's own dLLM families.
+"""Build SGLang's commands: `python -m sglang.launch_server` for causal mode (stock SGLang on the HF weights) and
+for upstream SGLang's own dLLM families, our launcher for diffusion and self-spec (`command_from_args` picks one
+from serve.py's flags). What they share with the vLLM backend's commands is `inference/backend_command.py`'s.
 
 SDAR, LLaDA2.0 and LLaDA2.1 are served by SGLang with its built-in diffusion algorithms, not by our engine.
 Each family's algorithm and settings live in `configs/<family>.yaml` beside this module (one schema for
@@ -10,27 +12,30 @@ SGLang (checked against 0.5.23) takes `--dllm-algorithm NAME` (the algorithm cla
 Because of that `.get`, a misspelt key is silently ignored upstream, so we check keys against what each
 algorithm actually reads (`ALGORITHM_KEYS`) before SGLang ever starts.
 
-Stdlib, PyYAML and the defaults' homes (`bdcore.decode.config`, `inference.server_defaults`, both stdlib only at
-import): this runs in the launcher, which need not have torch or sglang installed.
+Stdlib, PyYAML and modules that import only the stdlib (`inference.backend_command` and the defaults' homes,
+`bdcore.decode.config` and `inference.server_defaults`): this runs in serve.py's process, which need not have
+torch or sglang installed.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
 
-from bdcore.decode.config import DecodeConfig
+from inference.backend_command import Engine, Server, decode_flags, repo_environment
 from inference.server_defaults import SERVER
 
 FAMILIES: tuple[str, ...] = ("sdar", "llada2-0", "llada2-1-speed", "llada2-1-quality")
 CONFIG_DIR: Path = Path(__file__).resolve().parent / "configs"
 SGLANG_PYTHON_ENV = "BDSTACK_SGLANG_PYTHON"
+SGLANG = Engine("sglang", "SGLang", SGLANG_PYTHON_ENV, stops_at="config.json / generation_config.json eos_token_id")
+LAUNCH_SERVER = "sglang.launch_server"
+BATCH_FLAG = "--max-running-requests"  # serve.py's --max-batch, for the dLLM modes and families
 
 _NUMBER = (int, float)
 # Keys each SGLang algorithm reads from its config (sglang/srt/dllm/algorithm/*.py, 0.5.23), with accepted
@@ -160,25 +165,20 @@ def build_sglang_command(
     a fresh temporary directory (left in place: the server reads it after this returns).
     """
     cfg = load_family_config(family, config_dir)
-    cmd = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(port)]
-    cmd += ["--dllm-algorithm", cfg.algorithm]
+    server = Server(python, host, port, api_key, served_model_name)
+    cmd = server.head(LAUNCH_SERVER, "--model-path", model) + ["--dllm-algorithm", cfg.algorithm]
     if cfg.algorithm_config:
         if algo_config_path is None:
             algo_config_path = write_algorithm_config(cfg, Path(tempfile.mkdtemp(prefix="bdstack-sglang-")))
         cmd += ["--dllm-algorithm-config", str(algo_config_path)]
     cmd += list(cfg.server_args)
-    cmd += _common_flags(api_key, max_running_requests, served_model_name)
-    cmd += list(extra_args)
-    return cmd
+    return cmd + server.flags(BATCH_FLAG, max_running_requests) + list(extra_args)
 
 
-def _common_flags(api_key: str | None, max_running_requests: int | None, served_model_name: str | None) -> list[str]:
-    flags = ["--api-key", api_key] if api_key else []
-    if max_running_requests is not None:
-        flags += ["--max-running-requests", str(max_running_requests)]
-    if served_model_name:
-        flags += ["--served-model-name", served_model_name]
-    return flags
+def build_causal_command(model: str, server: Server, *, extra_args: Sequence[str] = ()) -> list[str]:
+    """Stock SGLang: a bdstack checkpoint is a plain HF causal LM, and causal mode needs none of our code. No
+    --max-running-requests: SGLang batches causal requests without being told."""
+    return server.head(LAUNCH_SERVER, "--model-path", model) + server.flags() + list(extra_args)
 
 
 def resolve_sglang_python(cli_value: str | None) -> str:
@@ -186,79 +186,27 @@ def resolve_sglang_python(cli_value: str | None) -> str:
 
     SGLang usually lives in its own environment (it pins torch), so it is rarely our own interpreter.
     """
-    if cli_value:
-        return cli_value
-    return os.environ.get(SGLANG_PYTHON_ENV) or "python"
+    return SGLANG.python(cli_value)
 
 
 # -- bdstack checkpoints in SGLang (our own algorithms, registered by inference/sglang_backend/launch.py) --------
 BDSTACK_LAUNCHER = "inference.sglang_backend.launch"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def bdstack_settings(
-    model_dir: str | os.PathLike,
-    mode: str,
-    *,
-    block_size: int | None = None,
-    threshold: float = DecodeConfig.threshold,
-    steps: int | None = None,
-    draft_len: int | str | None = None,
-    self_spec_canvases: str = DecodeConfig.self_spec_canvases,
-):
-    """The `--dllm-algorithm-config` of our algorithm for `mode`, read off the checkpoint (its sidecar and
-    tokenizer, loaded in our environment so the SGLang side needs neither transformers pins nor our code).
-    The serving gate decides first, from the sidecar and config.json alone: a refused decode loads nothing."""
-    from bdcore.capabilities import Capabilities, read_capabilities
-    from bdcore.loading import check_checkpoint
-    from bdcore.serving_gate import resolve
-    from bdcore.tokens import end_of_turn_id, filler_id, stop_ids
+def bdstack_settings(model_dir: str | os.PathLike, mode: str, **decode):
+    """The `--dllm-algorithm-config` of our algorithm for `mode`, read off the checkpoint through the serving gate
+    (`Engine.checkpoint_settings`, which takes the `decode` flags); a draft adapter SGLang's LoRA loader
+    would not load as trained is refused now."""
     from inference.sglang_backend.settings import ALGORITHMS, DecodeSettings
 
-    model_dir = Path(model_dir)
     if mode not in ALGORITHMS:
         raise ValueError(f"mode {mode!r} has no bdstack SGLang algorithm; choose one of {sorted(ALGORITHMS)}")
-    decode = DecodeConfig(mode, block_size, threshold, steps, draft_len, self_spec_canvases=self_spec_canvases)
-    resolved = resolve(read_capabilities(model_dir) or Capabilities.from_sidecar(None), decode, "sglang")
-    _, tok, sidecar = check_checkpoint(model_dir)
-    eot = end_of_turn_id(tok)
-    filler = filler_id(tok, eot)
-    others = sorted(stop_ids(tok) - {eot, filler})  # e.g. eos, when it is not end-of-turn
-    if eot not in sglang_stop_ids(model_dir, tok):
-        # The algorithms report a filler as end-of-turn; SGLang must know it as a stop token.
-        raise ValueError(
-            f"SGLang would not stop at end-of-turn (token {eot}): it stops at config.json / generation_config.json "
-            "eos_token_id and the tokenizer's eos; add the end-of-turn id to generation_config.json's eos_token_id"
-        )
-    if sidecar.draft_adapter is not None:  # what SGLang's LoRA loader would not load as trained, refused now
+    canvas, fields = SGLANG.checkpoint_settings(model_dir, mode, **decode)
+    if fields["draft_adapter"] is not None:
         from inference.sglang_backend.draft_adapter import check_adapter
 
-        check_adapter(model_dir / sidecar.draft_adapter)
-    return DecodeSettings(
-        algorithm=ALGORITHMS[mode],
-        block_size=resolved.draft_len if mode == "self-spec" else resolved.block,
-        mask_id=sidecar.mask_id,
-        end_of_turn_id=eot,
-        filler_id=filler,
-        other_stop_ids=others,
-        within_block_causal=sidecar.within_block_causal,
-        threshold=threshold,
-        steps=steps,
-        draft_adapter=sidecar.draft_adapter,
-    )
-
-
-def sglang_stop_ids(model_dir: str | os.PathLike, tokenizer) -> frozenset[int]:
-    """The token ids SGLang (0.5.23) ends a request at without request-level stops: config.json and
-    generation_config.json `eos_token_id` (ModelConfig._get_hf_eos_token_id) and the tokenizer's eos."""
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        path = Path(model_dir) / name
-        value = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
-        ids |= {value} if isinstance(value, int) else set(value or ())
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return frozenset(ids)
+        check_adapter(Path(model_dir) / fields["draft_adapter"])
+    return DecodeSettings(algorithm=ALGORITHMS[mode], block_size=canvas, **fields)
 
 
 def build_bdstack_command(
@@ -284,14 +232,31 @@ def build_bdstack_command(
     settings_path = Path(settings_path)
     settings_path.parent.mkdir(parents=True, exist_ok=True)
     settings_path.write_text(yaml.safe_dump(settings.to_dict(), sort_keys=True))
-    cmd = [python, "-m", BDSTACK_LAUNCHER, "--model-path", model, "--host", host, "--port", str(port)]
+    server = Server(python, host, port, api_key, served_model_name)
+    cmd = server.head(BDSTACK_LAUNCHER, "--model-path", model)
     cmd += ["--dllm-algorithm", settings.algorithm, "--dllm-algorithm-config", str(settings_path)]
     cmd += ["--attention-backend", "triton", "--no-dllm-fdfo"]
-    return cmd + _common_flags(api_key, max_running_requests, served_model_name) + list(extra_args)
+    return cmd + server.flags(BATCH_FLAG, max_running_requests) + list(extra_args)
+
+
+def command_from_args(args, extra: list[str]) -> list[str]:
+    """serve.py's flags (`args`, and `extra` for SGLang itself) as the command: an upstream family, stock SGLang for
+    causal, else our launcher with the settings file in a fresh temporary directory (left in place: SGLang reads it
+    after this returns). A setting the serving gate refuses is a ValueError saying why."""
+    SGLANG.check_tree(args)
+    server = Server.from_args(args, resolve_sglang_python(args.sglang_python))
+    if args.mode == "causal":  # a bdstack checkpoint is a stock HF model: plain SGLang serves it causally
+        SGLANG.check_decode(args)
+        return build_causal_command(args.model, server, extra_args=extra)
+    # SGLang runs dLLM requests one at a time unless told how many may share a batch.
+    where = asdict(server) | dict(max_running_requests=args.max_batch, extra_args=extra)
+    if args.mode in FAMILIES:
+        return build_sglang_command(args.model, family=args.mode, **where)
+    settings = bdstack_settings(args.model, args.mode, **decode_flags(args))  # through the serving gate
+    path = Path(tempfile.mkdtemp(prefix="bdstack-sglang-")) / f"{settings.algorithm}.yaml"
+    return build_bdstack_command(args.model, settings, path, **where)
 
 
 def child_environment(base: dict | None = None) -> dict:
     """The launcher's environment: our repository importable (the launcher lives in it)."""
-    env = dict(os.environ if base is None else base)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    return env
+    return repo_environment(base)

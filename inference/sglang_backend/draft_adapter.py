@@ -15,7 +15,6 @@ from pathlib import Path
 
 from bdcore.draft_adapter_files import DraftAdapterError, adapter_config, target_modules
 
-DRAFT_LORA_NAME = "bdstack-draft"  # internal to the model process; no request can name it
 LORA_BACKEND = "triton"  # of SGLang 0.5.23's LoRA backends, the one with explicit token segments (and UNO's)
 LORA_SLOTS = 2  # SGLang's pool counts the base model as a slot: base rows and adapter rows
 

@@ -25,16 +25,11 @@ from pathlib import Path
 
 from bdcore.draft_adapter import attach_mask_row
 from bdcore.draft_adapter_files import load_mask_row
-from inference.sglang_backend.draft_adapter import (
-    DRAFT_LORA_NAME,
-    LORA_BACKEND,
-    LORA_SLOTS,
-    check_adapter,
-    token_segments,
-)
+from inference.backend_settings import DRAFT_LORA_NAME, DraftRouter
+from inference.sglang_backend.draft_adapter import LORA_BACKEND, LORA_SLOTS, check_adapter, token_segments
 
 
-class DraftLoRA:
+class DraftLoRA(DraftRouter):
     """The adapter's id in a LoRA manager, and the routing of each forward."""
 
     def __init__(self, manager, lora_id: str):
@@ -73,8 +68,9 @@ class DraftLoRA:
         attach_mask_row(embed, row.to(embed.weight.device, embed.weight.dtype), mask_id)
         return cls(manager, ref.lora_id)
 
-    def route(self, drafting: list[bool]) -> None:
-        """The next forward runs the adapter at its `drafting` rows (every token of the forward, batch order)."""
+    def route(self, drafting: list[bool], num_reqs: int | None = None) -> None:
+        """The next forward runs the adapter at its `drafting` rows (every token of the forward, batch order);
+        SGLang's token segments need no count of requests."""
         ids, lens = token_segments(drafting, self.lora_id)
         self.manager.prepare_lora_token_segments(lora_ids=ids, segment_lens=lens)
 

@@ -18,8 +18,9 @@ sidecar and tokenizer are read here, and what the plugin needs travels on vLLM's
 - a checkpoint with a draft adapter: `--enable-lora` with one slot, its rank and its projections
   (`draft_adapter.lora_flags`); the plugin loads it through vLLM's LoRA loader and routes it per token.
 
-Stdlib only at import (and the defaults' homes, `bdcore.decode.config` and `inference.server_defaults`, stdlib
-only too): serve.py imports this for `--backend auto` without vLLM installed.
+`command_from_args` builds the command from serve.py's flags; what it shares with the SGLang backend's commands
+is `inference/backend_command.py`'s. Stdlib only at import (and `inference.backend_command`, stdlib only too):
+serve.py imports this for `--backend auto` without vLLM installed.
 """
 
 from __future__ import annotations
@@ -29,68 +30,52 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from bdcore.decode.config import DecodeConfig
-from inference.server_defaults import SERVER
+from inference.backend_command import Engine, Server, decode_flags, repo_environment
 
 VLLM_PYTHON_ENV = "BDSTACK_VLLM_PYTHON"
 VLLM_CLI = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
+BATCH_FLAG = "--max-num-seqs"  # serve.py's --max-batch
 # The architecture plugin.register() adds for each stock vLLM class it extends (causal mode needs neither); the
 # serving gate refuses the others (its VLLM_ARCHITECTURES are these keys: tests/test_serving_gate.py).
 ARCHITECTURES = {"Qwen3ForCausalLM": "BdstackQwen3ForBlockDiffusion"}
 ARCHITECTURE = ARCHITECTURES["Qwen3ForCausalLM"]
 PLUGIN_NAME = "bdstack"  # the entry point's name in pyproject.toml (what VLLM_PLUGINS lists)
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class VllmCommandError(ValueError):
     """A checkpoint or option `serve.py --backend vllm` cannot serve; the message says why and what to use."""
 
 
+# vLLM 0.33 stops where SGLang does: generation_config.json's eos_token_id (read even under
+# --generation-config vllm: ModelConfig.try_get_generation_config) and the tokenizer's eos.
+VLLM = Engine("vllm", "vLLM", VLLM_PYTHON_ENV, stops_at="generation_config.json's eos_token_id", error=VllmCommandError)
+
+
 def resolve_vllm_python(cli_value: str | None) -> str:
     """Interpreter that has vllm installed: --vllm-python, else $BDSTACK_VLLM_PYTHON, else `python`."""
-    return cli_value or os.environ.get(VLLM_PYTHON_ENV) or "python"
+    return VLLM.python(cli_value)
 
 
-def _common(model: str, python: str, host: str, port: int, api_key, max_num_seqs, served_model_name) -> list[str]:
-    cmd = [python, "-m", VLLM_CLI, "serve", model, "--host", host, "--port", str(port)]
-    cmd += ["--api-key", api_key] if api_key else []
-    cmd += ["--max-num-seqs", str(max_num_seqs)] if max_num_seqs is not None else []
-    return cmd + (["--served-model-name", served_model_name] if served_model_name else [])
+def _serve(model: str, server: Server, max_num_seqs: int | None) -> list[str]:
+    return server.head(VLLM_CLI, "serve", model) + server.flags(BATCH_FLAG, max_num_seqs)
 
 
 def build_causal_command(
-    model: str,
-    *,
-    python: str = "python",
-    host: str = SERVER.host,
-    port: int = SERVER.port,
-    api_key: str | None = None,
-    max_num_seqs: int | None = None,
-    served_model_name: str | None = None,
-    extra_args: Sequence[str] = (),
+    model: str, server: Server, *, max_num_seqs: int | None = None, extra_args: Sequence[str] = ()
 ) -> list[str]:
     """Stock vLLM: a bdstack checkpoint is a plain HF causal LM, and causal mode needs no plugin code."""
-    return _common(model, python, host, port, api_key, max_num_seqs, served_model_name) + list(extra_args)
+    return _serve(model, server, max_num_seqs) + list(extra_args)
 
 
 def build_bdstack_command(
-    model: str,
-    settings,
-    *,
-    python: str = "python",
-    host: str = SERVER.host,
-    port: int = SERVER.port,
-    api_key: str | None = None,
-    max_num_seqs: int | None = None,
-    served_model_name: str | None = None,
-    extra_args: Sequence[str] = (),
+    model: str, settings, server: Server, *, max_num_seqs: int | None = None, extra_args: Sequence[str] = ()
 ) -> list[str]:
     """vLLM with our architecture for diffusion / self-spec; `settings` is a `VllmDecodeSettings`.
     `extra_args` come last, so a caller can override anything before them."""
     width = settings.canvas_length
     overrides = {"architectures": [architecture_for(model)], "canvas_length": width}
     diffusion = {"canvas_length": width, "max_denoising_steps": settings.denoise_steps}
-    cmd = _common(model, python, host, port, api_key, max_num_seqs, served_model_name)
+    cmd = _serve(model, server, max_num_seqs)
     cmd += ["--hf-overrides", _json(overrides)]
     cmd += ["--diffusion-config", _json(diffusion)]
     cmd += ["--additional-config", _json({"bdstack": settings.to_dict()})]
@@ -118,57 +103,31 @@ def child_environment(base: dict | None = None) -> dict:
     """vLLM's environment: our repository importable (the plugin lives in it) and, when the user restricts
     plugins with VLLM_PLUGINS, ours allowed. vLLM finds the plugin through its entry point, so bdstack must
     be installed in vLLM's environment (`pip install --no-deps -e .`, README.md)."""
-    env = dict(os.environ if base is None else base)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env = repo_environment(base)
     allowed = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
     if "VLLM_PLUGINS" in env and PLUGIN_NAME not in allowed:  # a user allow-list: keep it, add ours
         env["VLLM_PLUGINS"] = ",".join([*allowed, PLUGIN_NAME])
     return env
 
 
-def bdstack_settings(
-    model_dir: str | os.PathLike,
-    mode: str,
-    *,
-    block_size: int | None = None,
-    threshold: float = DecodeConfig.threshold,
-    steps: int | None = None,
-    draft_len: int | str | None = None,
-    self_spec_canvases: str = DecodeConfig.self_spec_canvases,
-):
-    """The plugin's settings for `mode`, read off the checkpoint (sidecar and tokenizer, in our environment).
-    The serving gate decides first, from the sidecar and config.json alone: a refused decode loads nothing."""
-    from bdcore.capabilities import Capabilities, read_capabilities
-    from bdcore.loading import check_checkpoint
-    from bdcore.serving_gate import resolve
-    from bdcore.tokens import end_of_turn_id, filler_id
-    from inference.sglang_backend.command import sglang_stop_ids
+def bdstack_settings(model_dir: str | os.PathLike, mode: str, **decode):
+    """The plugin's settings for `mode`, read off the checkpoint through the serving gate
+    (`Engine.checkpoint_settings`, which takes the `decode` flags)."""
     from inference.vllm_backend.settings import MODES, VllmDecodeSettings
 
     if mode not in MODES:
         raise VllmCommandError(f"mode {mode!r} has no bdstack vLLM algorithm; choose one of {MODES} (or causal)")
-    decode = DecodeConfig(mode, block_size, threshold, steps, draft_len, self_spec_canvases=self_spec_canvases)
-    resolved = resolve(read_capabilities(model_dir) or Capabilities.from_sidecar(None), decode, "vllm")
-    _, tok, sidecar = check_checkpoint(model_dir)
-    eot = end_of_turn_id(tok)
-    filler = filler_id(tok, eot)
-    others = [int(tok.eos_token_id)] if tok.eos_token_id is not None and tok.eos_token_id not in (eot, filler) else []
-    # vLLM 0.33 stops where SGLang does: generation_config.json's eos_token_id (read even under
-    # --generation-config vllm: ModelConfig.try_get_generation_config) and the tokenizer's eos.
-    if eot not in sglang_stop_ids(model_dir, tok):
-        raise VllmCommandError(
-            f"vLLM would not stop at end-of-turn (token {eot}): it stops at generation_config.json's eos_token_id "
-            "and the tokenizer's eos; add the end-of-turn id to generation_config.json's eos_token_id"
-        )
-    return VllmDecodeSettings(
-        mode=mode,
-        size=resolved.draft_len if mode == "self-spec" else resolved.block,
-        mask_id=sidecar.mask_id,
-        end_of_turn_id=eot,
-        filler_id=filler,
-        other_stop_ids=others,
-        within_block_causal=sidecar.within_block_causal,
-        threshold=threshold,
-        steps=steps,
-        draft_adapter=sidecar.draft_adapter,
-    )
+    canvas, fields = VLLM.checkpoint_settings(model_dir, mode, **decode)
+    return VllmDecodeSettings(mode=mode, size=canvas, **fields)
+
+
+def command_from_args(args, extra: list[str]) -> list[str]:
+    """serve.py's flags (`args`, and `extra` for vLLM itself) as the command: stock vLLM for causal, else vLLM with
+    our plugin. A setting the serving gate refuses is a ValueError saying why."""
+    VLLM.check_tree(args)
+    server = Server.from_args(args, resolve_vllm_python(args.vllm_python))
+    if args.mode == "causal":
+        VLLM.check_decode(args)
+        return build_causal_command(args.model, server, max_num_seqs=args.max_batch, extra_args=extra)
+    settings = bdstack_settings(args.model, args.mode, **decode_flags(args))  # through the serving gate
+    return build_bdstack_command(args.model, settings, server, max_num_seqs=args.max_batch, extra_args=extra)

@@ -23,7 +23,7 @@ from bdcore.draft_adapter_files import DraftAdapterError, adapter_config, load_m
 
 __all__ = ["DraftAdapterError", "adapter_config", "load_mask_row", "target_modules", "lora_flags", "max_lora_rank"]
 
-DRAFT_LORA_NAME = "bdstack-draft"
+# The adapter's LoRA name is `inference.backend_settings.DRAFT_LORA_NAME`, shared with the SGLang backend.
 # vLLM's warmup LoRAs take ids 1..max_loras (LoRAModelRunnerMixin.maybe_setup_dummy_loras); ours stays apart.
 DRAFT_LORA_ID = 4242
 # vLLM 0.33's accepted --max-lora-rank values (config/lora.py `MaxLoRARanks`; the contract check pins them).

@@ -26,11 +26,12 @@ from vllm.lora.layers import LoRAMapping
 from vllm.lora.request import LoRARequest
 from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager
 
-from inference.vllm_backend.draft_adapter import DRAFT_LORA_ID, DRAFT_LORA_NAME
+from inference.backend_settings import DRAFT_LORA_NAME, DraftRouter
+from inference.vllm_backend.draft_adapter import DRAFT_LORA_ID
 from inference.vllm_backend.plugin import PluginError
 
 
-class DraftLoRA:
+class DraftLoRA(DraftRouter):
     """The draft adapter's vLLM LoRA request, and the per-token mapping of each forward."""
 
     def __init__(self, vllm_config, model, device, adapter_dir: str | Path):
@@ -45,10 +46,16 @@ class DraftLoRA:
         self.worker._adapter_manager = manager
         self.request = LoRARequest(DRAFT_LORA_NAME, DRAFT_LORA_ID, str(adapter_dir))
 
-    def route(self, drafting: list[bool], num_reqs: int) -> LoRAMapping:
+    def route(self, drafting: list[bool], num_reqs: int | None = None) -> LoRAMapping:
         """Activate the adapter (loading it the first time) and map it to the `drafting` tokens of this forward
         (all scheduled tokens, batch order); every other token runs the base weights. The prompt mapping (one
         entry per request, read only by an adapted output head, which the command never asks for) is none."""
+        if num_reqs is None:
+            raise TypeError("route needs num_reqs on vLLM: its LoRA mapping has an entry per request")
         mapping = LoRAMapping(tuple(DRAFT_LORA_ID if d else 0 for d in drafting), (0,) * num_reqs, is_prefill=True)
         self.worker.set_active_adapters({self.request}, mapping)
         return mapping
+
+    def reset(self) -> None:
+        """Nothing to clear: vLLM's runner maps each step afresh (`_set_active_loras`, the requests' own: none)
+        before `route` replaces that mapping for the step's forward."""

@@ -162,7 +162,8 @@ def check_one(r, case: dict, args, draft: Path, hf, peft: dict, made: list) -> N
     from sglang.srt.dllm.config import DllmConfig
 
     from bdcore.draft_adapter import MASK_ROW, MASK_ROW_FILE
-    from inference.sglang_backend.draft_adapter import DRAFT_LORA_NAME, LORA_BACKEND, LORA_SLOTS
+    from inference.backend_settings import DRAFT_LORA_NAME
+    from inference.sglang_backend.draft_adapter import LORA_BACKEND, LORA_SLOTS
 
     name = case["name"]
     algo = get_algorithm(DllmConfig.from_server_args(args))
