@@ -43,16 +43,21 @@ class LogFit:
         return self.a + self.b * math.log(tokens)
 
 
-def read_curve(run: Path) -> list[CurvePoint]:
-    """Every evaluated step of the run, in order."""
+def read_curve(run: Path, *, median_rate: bool = False) -> list[CurvePoint]:
+    """Every evaluated step of the run, in order. `median_rate`: minutes are the tokens read over the run's
+    median tokens per second (what the steps would have taken on an idle machine, when other jobs slowed some
+    of them); else the steps' own time."""
     path = Path(run) / "metrics.jsonl"
     if not path.is_file():
         raise SystemExit(f"draft_curve: {path} not found: give a train.py run directory")
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    rates = sorted(r["tokens_per_s"] for r in records)
+    median = rates[len(rates) // 2]
     points, tokens, seconds = [], 0.0, 0.0
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
-        tokens += r["tokens_per_s"] * r["step_time_s"]
-        seconds += r["step_time_s"]
+    for r in records:
+        read = r["tokens_per_s"] * r["step_time_s"]
+        tokens += read
+        seconds += read / median if median_rate else r["step_time_s"]
         if all(k in r for k in SERIES):
             points.append(
                 CurvePoint(
@@ -108,8 +113,14 @@ def main(argv=None) -> int:
     p.add_argument("--record", type=Path, default=None, help="also write a scaling record (benchmark/record.py)")
     p.add_argument("--title", default=None, help="the record's title (default: the run's directory)")
     p.add_argument("--machine", default=None, help="the record's machine, in words (default: this machine)")
+    p.add_argument(
+        "--median-rate",
+        action="store_true",
+        help="minutes as tokens over the run's median tokens/s: idle-machine minutes for a run that other jobs "
+        "slowed at times (the default is the steps' own time)",
+    )
     args = p.parse_args(argv)
-    points = read_curve(args.run)
+    points = read_curve(args.run, median_rate=args.median_rate)
     print(report(points))
     if args.record is not None:
         from benchmark import record

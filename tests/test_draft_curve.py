@@ -53,3 +53,16 @@ def test_the_record_carries_the_tokens(tmp_path):
     assert main([str(_run(tmp_path)), "--record", str(out), "--title", "t"]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["step"] for r in rows] == [8, 16, 24, 32, 40] and all("tokens" in r for r in rows)
+
+
+def test_median_rate_minutes_ignore_a_slowed_step(tmp_path):
+    run = _run(tmp_path)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    slowed = json.loads(lines[3]) | {"step_time_s": 60.0}  # another job took the machine for one step
+    slowed["tokens_per_s"] = 500.0 * (2.0 + 4 % 3) / 60.0  # the same tokens, read slowly
+    lines[3] = json.dumps(slowed)
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    measured, idle = read_curve(run)[0], read_curve(run, median_rate=True)[0]
+    dts = [2.0 + s % 3 for s in range(1, 9)]
+    assert measured.minutes == pytest.approx((sum(dts) - dts[3] + 60.0) / 60)
+    assert idle.minutes == pytest.approx(sum(dts) / 60) and idle.tokens == measured.tokens
