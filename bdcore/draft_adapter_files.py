@@ -24,8 +24,8 @@ COPY_WHOLE = "copy the whole checkpoint directory (its draft adapter)"
 # The largest factor peft may scale a LoRA term by (lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora).
 # Trained adapters use 0.5-16 (the trainer's default alpha = 2r gives 2; rsLoRA at r = 256 with alpha = 2r, 32),
 # so 1024 leaves them a margin of 64x; a scale past 2**16 overflows fp16 on a term of size 1 alone. What lies
-# above the bound is an edited or corrupt config, not a trained adapter (issue 54: lora_alpha Infinity was
-# served, and greedy self-spec then answered one empty token where causal gave eight).
+# above the bound is an edited or corrupt config, not a trained adapter (served with an infinite lora_alpha,
+# greedy self-spec answers one empty token where causal gives eight).
 MAX_LORA_SCALING = 1024.0
 
 

@@ -2,7 +2,8 @@
 
 A decode step drafts a few rows, where the adapter's cost is a count of calls rather than their size:
 SmolLM2-135M has 210 adapted projections, and at a few rows each of its torch calls costs microseconds of
-dispatch whatever it computes (a drafting forward paid ~13 ms over a ~40 ms base forward in session 43).
+dispatch whatever it computes (through the general path a drafting forward cost about a third more than a base
+forward on a CPU).
 So a served projection:
 - runs its base layer's forward itself (no module call, no hooks: a served model has none);
 - keeps the factors of a 16-bit model in fp32 (a CPU's bf16 matmul pays ~15 us a call at a few rows, fp32
@@ -72,8 +73,8 @@ class _ServedProjection:
             flat[run].add_(delta)
             return result
         # A batch's scattered drafting rows (each sequence's canvases follow its own clean rows): gathered,
-        # added to in the result's dtype as the run is, put back. Session 47 measured the general path here
-        # (the full LoRA in the model's dtype, an out-of-place scatter) at 2x a batch of 2's forward.
+        # added to in the result's dtype as the run is, put back. The general path here (the full LoRA in
+        # the model's dtype, an out-of-place scatter) doubled a batch of 2's forward.
         rows = flat.index_select(0, index)
         rows.add_(delta)
         flat.index_copy_(0, index, rows)
@@ -113,7 +114,7 @@ def base_twin(model):
     """`model`'s module tree with each adapted projection's place taken by its base layer, sharing every
     parameter, buffer and hook (only the tree is new): a forward in which no row drafts (a causal step, a
     verify-only step) runs the base model's own modules, without the adapter's dispatch at each of its
-    projections (~3.4 ms of a 49 ms SmolLM2-135M decode step on a CPU, session 47). It computes what the
+    projections (about 7% of a small model's decode step on a CPU). It computes what the
     gated model computes there bit for bit: its non-drafting rows are the base projection's output. Methods
     bound to a module instance (the gated-delta layers' decode forward) still name the original: bind them
     to the twin's modules again."""

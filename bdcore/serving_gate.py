@@ -210,7 +210,7 @@ def _check_fixed_layout(settings: DecodeConfig, engine: str) -> None:
             "integer, or use --backend native",
             "draft_len",
         )
-    if settings.tree != TREE_OFF:  # issue 44: the tree mask and a kept path of rows are native-only
+    if settings.tree != TREE_OFF:  # the tree mask and a kept path of rows are native-only
         raise CannotServe(
             f"--tree {settings.tree} is a native-engine decode: a draft tree's verify needs a per-row ancestor "
             f"mask and keeps a path of non-adjacent rows in the KV cache, which our {engine} plugin does not "

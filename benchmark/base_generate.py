@@ -1,7 +1,7 @@
 """The speed baseline of every decode benchmark: the base model decoded by `transformers` `generate`.
 
 A user who converts a model already has this: the AR model it came from, decoded greedily by Hugging Face's
-own loop with its KV cache. Our modes are worth something only as far as they beat it (issue 41), so the
+own loop with its KV cache. Our modes are worth something only as far as they beat it, so the
 benchmarks time it beside them, on the same prompts, in the same run, one request at a time (or
 `concurrency` prompts per `generate` call, left-padded, which is what batching looks like there).
 

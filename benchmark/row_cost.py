@@ -13,7 +13,7 @@ those rows (the curve the policy reads with B requests in flight; up to B x rows
 checkpoint and base `--alternations` times (each size's fastest median kept, so a burst of load on the
 machine hits both alike), and adds a table of the checkpoint's forward against the base's: for a
 draft-adapter checkpoint these forwards run no drafting row, which is what causal decoding and self-spec
-verification cost (issue 41: within 5% of the base model's).
+verification cost (which should be within 5% of the base model's).
 """
 
 from __future__ import annotations

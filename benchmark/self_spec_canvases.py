@@ -84,7 +84,7 @@ def _generator(engine, concurrency: int):
     def batched(prompts, params):
         # The scheduler's own loop (`DecodeLoop`: admit while there is room, one batched step), on this thread:
         # a scheduler thread of its own would get a second OpenMP team and decode about a third slower on a
-        # 2-core CPU (session 47: 13.2 against 20.5 tok/s alone), which the server avoids (`Scheduler.run_here`)
+        # 2-core CPU, which the server avoids (`Scheduler.run_here`)
         # and the base model's generate, on this thread, would not pay.
         start = time.perf_counter()
         loop: DecodeLoop = DecodeLoop(engine.driver, concurrency)

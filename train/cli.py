@@ -44,12 +44,12 @@ FULL_FT_LR = OptimSection.lr
 DRAFT_ADAPTER_LR = 3e-3
 # A draft adapter serves self-spec, which accepts a draft only after every draft before it: weighting the
 # j-th draft by exp(-j/4) drafted best of {0, 2, 4} on SmolLM2 at 10 CPU minutes
-# (docs/history/results-notebook.md, "Session 40").
+# (docs/history/results-notebook.md, "prefix weights").
 DRAFT_ADAPTER_PREFIX_GAMMA = 4.0
 # A draft adapter's clean stream is the frozen base, the very distribution self-spec verifies against: its drafts
 # learn that distribution (KL) rather than one token each. On SmolLM2 at an equal 8-minute budget, KL drafted
 # 1.405 implied linear tokens per forward against cross-entropy's 1.364 (all canvases 1.730 / 1.654; first draft
-# accepted 52.8% / 48.1%), docs/history/results-notebook.md "Session 50".
+# accepted 52.8% / 48.1%), docs/history/results-notebook.md, "drafts distilled from the verifier".
 DRAFT_ADAPTER_DRAFT_LOSS = "kl"
 
 

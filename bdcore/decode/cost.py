@@ -3,8 +3,8 @@
 A forward pads every sequence's rows to the longest, so its shape is (sequences in it, longest row list).
 The two are not interchangeable: on SmolLM2-135M (bf16, 2 CPU threads, 200 cached tokens each) 8 sequences
 of 8 rows cost 144 ms where one sequence of 64 rows costs ~100 ms, and a second row costs each sequence
-~4 ms in a batch of 8 against ~10 ms alone (session 47). A policy that priced a batch by its total rows
-drafted at 8 requests in flight where causal steps were faster (0.66x causal, session 46).
+~4 ms in a batch of 8 against ~10 ms alone. A policy that prices a batch by its total rows drafts at 8
+requests in flight where causal steps are faster (and runs at about two thirds of causal's speed).
 
 So `ForwardCost` keeps one curve per batch size (`RowCost`: seconds by longest row list) and reads another
 batch size between its neighbours' curves (beyond the largest: along the last two). `calibrate` times
@@ -178,7 +178,7 @@ def calibrate(
     shape alike; rounds go on until each shape has `repeats` timings and the timed forwards add up to
     `min_seconds` (at most `max_rounds`): three timings of a 2 ms forward once made 64 rows look cheaper
     than one. A sequence's r rows are shaped as the self-spec step the policy prices: one clean (verify) row
-    and r - 1 canvas rows. A draft adapter runs its LoRA at canvas rows only (issue 41), so a curve timed on
+    and r - 1 canvas rows. A draft adapter runs its LoRA at canvas rows only, so a curve timed on
     clean rows alone would price every drafting forward at the causal step's cost and draft too much."""
     vocab = runner.model.config.vocab_size
     caches = [SequenceCache() for _ in range(max(batches))]
@@ -218,7 +218,7 @@ def calibrate(
 @functools.lru_cache(maxsize=1)
 def code_stamp() -> str:
     """A hash of the code a decode forward runs through (bdcore's decode package, the draft adapter's gated
-    projections): a measurement made before a change to them (session 43 cut a drafting forward's cost by a
+    projections): a measurement made before a change to them (one such change cut a drafting forward's cost by a
     fifth) would mislead the policy until the cache was cleared by hand."""
     root = Path(__file__).resolve().parent
     files = sorted(root.glob("*.py")) + [root.parent / f for f in ("draft_adapter.py", "draft_adapter_serving.py")]

@@ -5,7 +5,7 @@ A bf16 `F.linear` on a CPU hands oneDNN a plain row-major weight, and oneDNN reo
 matmul. On SmolLM2-135M (2-core Xeon with AMX, one thread) a 576 x 1536 projection took ~185 us at 1-16 rows
 and ~110 us with the weight reordered once (`torch.ops.mkldnn._reorder_linear_weight`, the layout PyTorch's
 own compiler freezes weights into), and a whole decode forward 1.13-1.27x less (1-64 rows, 2 threads), its
-logits bit for bit the same (session 49). fp32 gains nothing there (MKL's packed sgemm measured even), so only
+logits bit for bit the same. fp32 gains nothing there (MKL's packed sgemm measured even), so only
 bf16 packs.
 
 The packed copy is a cache of the weight, never its owner: the parameter stays as it was (state dicts,

@@ -144,7 +144,7 @@ class SequenceCache:
     # Buffers with room past the cached tokens, keys' then values' ([kv_heads, room, d] per attention layer),
     # of which `keys`/`values` are the first `length` tokens: a forward writes its new rows into them in place
     # (`reserve`). Appending by concatenation copied every cached token at every step, for every sequence:
-    # at 8 requests in flight that was a third of a SmolLM2 decode step on a CPU (session 47).
+    # at 8 requests in flight that was a third of a small model's decode step on a CPU.
     room: list[torch.Tensor] = field(default_factory=list, repr=False)
 
     @property

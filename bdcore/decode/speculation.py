@@ -40,7 +40,7 @@ PROBE_EVERY = 32  # causal steps before a request drafts again to re-measure its
 # In a batch, rows past the fewest any sequence needs must buy this much more speed than the fewest. At 4-8
 # requests on a CPU the estimated tokens of a batch's drafting forwards ran ~6% above what they emitted, and
 # requests that draft finish apart and so prefill apart (a prompt alone costs more than in a batch of prompts):
-# `auto` chose drafting the model rated ~5-10% faster and ran at 0.81-0.90x causal (session 48).
+# without the margin `auto` chose drafting the model rated ~5-10% faster and ran 10-20% slower than causal.
 BATCH_MARGIN = 0.1
 MAX_PROBE_EVERY = 512  # the longest gap between probes, after probes that found causal steps the faster
 
@@ -260,7 +260,7 @@ class SpeculationPolicy:
     def _memo(self, key: tuple, options: list[Layout], rates: DraftRates | list[float], make):
         """`make(options, chains)` for these options and rates, kept while both stay the same: a request's
         rates change only when one of its verify steps is observed, and evaluating every layout of every
-        sequence again each step was 5% of a batched SmolLM2 step on a CPU (session 48)."""
+        sequence again each step was about 5% of a batched decode step on a CPU."""
         if isinstance(rates, list):
             rates = DraftRates.same(rates)
         stamp = (tuple(rates.fresh), tuple(rates.stale), tuple(map(tuple, rates.alternatives)))

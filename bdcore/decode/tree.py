@@ -1,4 +1,4 @@
-"""Draft trees: a self-spec verify forward that checks several candidates per position (issue 44).
+"""Draft trees: a self-spec verify forward that checks several candidates per position.
 
 A canvas drafts all its slots in one forward, so slot j's logits do not depend on the token chosen at slot
 i < j: under every node at depth j - 1 the tree offers the same top-k_j candidates of slot j

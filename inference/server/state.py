@@ -54,7 +54,7 @@ class ServerState:
             # The self-spec cost model is measured here, on the thread that loaded the model and will decode
             # (serve.py's main thread). Measured at a request's first `auto`, it ran on that request's thread,
             # whose OpenMP team of its own slowed every later forward of the process by about a third on a
-            # 2-core CPU (session 47: causal 0.59x the base's generate, against 0.88x). Cached on disk after.
+            # 2-core CPU. Cached on disk after.
             engine.speculation()
         scheduler = Scheduler(engine, max_batch)
         metrics = ServerMetrics()

@@ -1,14 +1,13 @@
 """Client chat templates rendered under limits: a deadline and, where the tokenizer bounds a token's
 characters, an output size.
 
-With --allow-client-chat-template a request's Jinja template is code the server runs. Jinja's sandbox
-stops attribute escapes, not work: two nested `range(100000)` loops (1e10 turns) render for many minutes,
-holding a request thread and a core after the client left (and, writing a character a turn, filling
-memory), and uvicorn's graceful shutdown waits for that request, so SIGTERM did not stop the server
-(issue 54). Jinja compiles a template to Python, so a trace function set
-on the rendering thread alone (`sys.settrace` is per thread) sees every line a template's loop runs and
-stops the render by raising there. Only client templates are traced: the server's own template is the
-operator's code, and tracing slows a render several times.
+With --allow-client-chat-template a request's Jinja template is code the server runs. Jinja's sandbox stops
+attribute escapes, not work: two nested `range(100000)` loops (1e10 turns) render for many minutes, holding a
+request thread and a core after the client left (and, writing a character a turn, filling memory), and
+uvicorn's graceful shutdown waits for that request, so SIGTERM would not stop the server. Jinja compiles a
+template to Python, so a trace function set on the rendering thread alone (`sys.settrace` is per thread) sees
+every line a template's loop runs and stops the render by raising there. Only client templates are traced: the
+server's own template is the operator's code, and tracing slows a render several times.
 
 What a trace cannot stop is one long C call (`"x" * 10**9`, a `join` of a huge list): it runs to its end
 and the render is stopped at the next line.
