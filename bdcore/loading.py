@@ -20,9 +20,9 @@ from bdcore.checkpoint_files import (
     missing_tokenizer,
     weight_files,
 )
-from bdcore.decode.acceptance import read_draft_prior
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.packed_linear import pack_linears
+from bdcore.decode.policy.acceptance import read_draft_prior
 from bdcore.draft_adapter import load_draft_adapter
 from bdcore.draft_adapter_files import check_draft_adapter
 from bdcore.draft_adapter_serving import DRAFT_ENERGY, prepare_serving, truncate_adapter

@@ -1,4 +1,4 @@
-"""How well a checkpoint drafts, from one forward per held-out answer (`bdcore/decode/draft_quality.py`).
+"""How well a checkpoint drafts, from one forward per held-out answer (`bdcore/decode/policy/draft_quality.py`).
 
     python -m benchmark.draft_quality runs/smollm2/bd/final --data heldout.jsonl --limit 50
     python -m benchmark.draft_quality CKPT --data heldout.jsonl --compare-served --json out.json
@@ -9,7 +9,7 @@ the tokens per forward that linear and all-canvases self-spec would take along t
 head's held-out loss. `--compare-served` also decodes every prompt with the native engine in self-spec
 (greedy, both layouts) and prints the served tokens per forward beside the implied ones: on answers that
 are the checkpoint's own greedy output the two are equal; on other answers the metric follows their path.
-Two markdown tables follow (`bdcore/decode/tree_acceptance.py`): per canvas slot, the share of anchors whose
+Two markdown tables follow (`bdcore/decode/policy/tree_acceptance.py`): per canvas slot, the share of anchors whose
 AR token is in the slot's top k given the earlier slots' were in theirs; per tree shape, its nodes, the
 mean drafts a greedy verify of it would accept against the linear chain's, and the tokens per forward a
 decode verifying it at every step would take along the answers (cold steps counted, as for the chain);
@@ -30,7 +30,7 @@ def measure(checkpoint: Path, data: Path, *, limit: int, draft_len: int | None, 
 
     from bdcore.decode.canvas_fill import CanvasFill
     from bdcore.decode.config import DecodeConfig
-    from bdcore.decode.draft_quality import draft_quality
+    from bdcore.decode.policy.draft_quality import draft_quality
     from bdcore.decode.runner import ModelRunner
     from bdcore.decode.tree import TreeShape, tree_setting
     from bdcore.loading import load_checkpoint

@@ -2,7 +2,7 @@
 
     python -m benchmark.row_cost runs/smollm2/base --dtypes fp32,bf16 --json runs/row_cost.json
 
-For each dtype the checkpoint is loaded and `bdcore.decode.cost.calibrate` times forwards of 1, 2, 4, ...
+For each dtype the checkpoint is loaded and `bdcore.decode.policy.cost.calibrate` times forwards of 1, 2, 4, ...
 rows over a cached context (median of `--repeats` after a warm-up; the engine's own start-up measurement,
 not read from the cache). The table gives seconds per forward by rows, each dtype's ratio to the first one
 at that row count, and each curve's cost relative to its own 1-row forward (how much a row costs: the slope
@@ -27,7 +27,7 @@ from pathlib import Path
 def measure(
     checkpoint: str, dtypes: list[str], *, context: int, repeats: int, sizes, batch: int = 1
 ) -> dict[str, dict[int, float]]:
-    from bdcore.decode.cost import calibrate
+    from bdcore.decode.policy.cost import calibrate
     from bdcore.decode.runner import ModelRunner
     from bdcore.loading import load_checkpoint
 

@@ -1,11 +1,11 @@
 """An independent simulation of self-spec's decoding process under one layout used at every step: what the
-policy's cycle figures (bdcore/decode/speculation.py, tree_policy.py) must agree with."""
+policy's cycle figures (bdcore/decode/policy/speculation.py, tree_policy.py) must agree with."""
 
 from __future__ import annotations
 
 import random
 
-from bdcore.decode.speculation import Layout
+from bdcore.decode.layout import Layout
 from bdcore.decode.tree import cut
 
 

@@ -11,7 +11,7 @@ import torch
 from bdcore.capabilities import Capabilities
 from bdcore.decode.canvas_fill import CanvasFill
 from bdcore.decode.config import DecodeConfig
-from bdcore.decode.draft_quality import canvas_forwards
+from bdcore.decode.policy.draft_quality import canvas_forwards
 from bdcore.decode.rows import Rows
 from bdcore.decode.sampling import SamplingParams
 from bdcore.loading import load_checkpoint

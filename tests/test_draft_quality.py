@@ -1,4 +1,4 @@
-"""The one-forward drafting metric (bdcore/decode/draft_quality.py): its walk against hand-computed decode
+"""The one-forward drafting metric (bdcore/decode/policy/draft_quality.py): its walk against hand-computed decode
 traces, and on tiny models (dense and hybrid) against served self-spec, linear and all canvases: on an answer
 that is the checkpoint's own greedy output the replayed walk takes exactly the engine's forwards."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bdcore.decode.config import DecodeConfig
-from bdcore.decode.draft_quality import (
+from bdcore.decode.policy.draft_quality import (
     DraftQuality,
     SampleDrafts,
     accepted_prefix,
@@ -215,7 +215,7 @@ def test_the_trainer_logs_the_benchmarks_figures(demo_kit, tmp_path):
         assert records[2][key] == pytest.approx(bench[key]), key
     assert records[2]["eval_ar_loss"] == pytest.approx(bench["eval_ar_loss"], rel=1e-4)
     # The checkpoint carries the last figures, the serving engine's prior for its self-spec acceptance.
-    from bdcore.decode.acceptance import prior_from_quality
+    from bdcore.decode.policy.acceptance import prior_from_quality
     from bdcore.loading import load_checkpoint
 
     saved = json.loads((run / "final" / "draft_quality.json").read_text())

@@ -143,9 +143,9 @@ def test_seeded_drafting_forward(loaded):
     """`Layout.seeded` (SGLang's self-spec rounds): after a causal step, one canvas [pending, MASK x L] at the
     pending token's place drafts from its rows 0..L-1, keeps nothing and emits nothing; the verify after it
     checks those drafts at the positions after the pending token."""
+    from bdcore.decode.layout import Layout
     from bdcore.decode.modes import SelfSpecDecoder
     from bdcore.decode.sequence import AnswerTokens, DecodeStats, EngineOwnedCache, Sequence
-    from bdcore.decode.speculation import Layout
 
     ids, mask = _prompts(loaded.tokenizer, 1, seed=6)[0], loaded.mask_id
     out = AnswerTokens(loaded.stop_ids, 32, DecodeStats())

@@ -120,7 +120,7 @@ def test_a_loaded_bf16_checkpoint_packs_every_linear_and_computes_what_the_plain
 
 @needs_packing
 def test_row_cost_measurements_of_packed_and_plain_models_are_kept_apart(tmp_path, monkeypatch):
-    from bdcore.decode import cost
+    from bdcore.decode.policy import cost
 
     monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path / "cache"))
     measured = []

@@ -1,11 +1,11 @@
-"""The decode forward's cost model (bdcore/decode/cost.py), which the `auto` self-spec policy reads: a curve
+"""The decode forward's cost model (bdcore/decode/policy/cost.py), which the `auto` self-spec policy reads: a curve
 interpolates, never falls with rows and follows live timings; a batch size without a curve reads its
 neighbours'; calibration times every (batch, rows) shape in rounds until enough time is measured and keeps
 each shape's median; a measurement is cached per checkpoint, dtype and thread count."""
 
 import pytest
 
-from bdcore.decode.cost import ForwardCost, RowCost, calibrate, load_or_calibrate
+from bdcore.decode.policy.cost import ForwardCost, RowCost, calibrate, load_or_calibrate
 from bdcore.loading import load_checkpoint
 from inference.native.engine import Engine
 from tests.tiny import tiny_checkpoint
@@ -53,7 +53,7 @@ def test_cost_measurement_is_cached_per_checkpoint(checkpoint, monkeypatch, tmp_
     def no_measuring(*a, **k):
         raise AssertionError("measured again")
 
-    monkeypatch.setattr("bdcore.decode.cost.calibrate", no_measuring)
+    monkeypatch.setattr("bdcore.decode.policy.cost.calibrate", no_measuring)
     assert load_or_calibrate(runner, checkpoint).points == first.points
     (path,) = tmp_path.glob("row_cost/*.json")
     path.write_text("{not json")
@@ -92,7 +92,7 @@ def test_calibration_keeps_each_size_s_median_timing(monkeypatch):
         device=types.SimpleNamespace(type="cpu"),
         forward=lambda batch: clock.__setitem__(0, clock[0] + next(took)),
     )
-    monkeypatch.setattr("bdcore.decode.cost.time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr("bdcore.decode.policy.cost.time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     cost = calibrate(runner, sizes=(1, 4), batches=(1,), context=8, repeats=3, min_seconds=0.0)
     assert cost.points == {1: {1: 3.0, 4: 8.0}}  # medians of [5, 1, 3] and [8, 2, 9]
 
@@ -111,7 +111,7 @@ def test_a_cost_measured_at_other_threads_is_measured_again(monkeypatch, tmp_pat
         measured.append(torch.get_num_threads())
         return ForwardCost({1: {1: float(measured[-1])}})
 
-    monkeypatch.setattr("bdcore.decode.cost.calibrate", fake_calibrate)
+    monkeypatch.setattr("bdcore.decode.policy.cost.calibrate", fake_calibrate)
     runner = types.SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"))
     (tmp_path / "ckpt").mkdir()
     threads = torch.get_num_threads()
@@ -132,7 +132,7 @@ def test_a_cost_measured_by_other_decode_code_is_measured_again(monkeypatch, tmp
 
     import torch
 
-    from bdcore.decode import cost
+    from bdcore.decode.policy import cost
 
     monkeypatch.setenv("BDSTACK_CACHE_DIR", str(tmp_path / "cache"))
     measured = []
@@ -233,7 +233,7 @@ def test_calibration_times_a_batch_after_its_caches_moved_into_their_slab(monkey
         device=types.SimpleNamespace(type="cpu"),
         forward=forward,
     )
-    monkeypatch.setattr("bdcore.decode.cost.time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr("bdcore.decode.policy.cost.time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     cost = calibrate(runner, sizes=(1, 2), batches=(1, 2), context=8, repeats=2, min_seconds=0.0)
     assert shapes == [(2, 8)] + [(1, 1), (1, 2), (2, 1), (2, 1)] * 3  # the prefill, then each round
     assert cost.points == {1: {1: 1.0, 2: 2.0}, 2: {1: 2.0}}

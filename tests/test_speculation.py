@@ -9,16 +9,17 @@ from collections import Counter
 import pytest
 
 from bdcore.capabilities import Capabilities
-from bdcore.decode.acceptance import (
+from bdcore.decode.layout import Layout
+from bdcore.decode.policy.acceptance import (
     AcceptanceEstimate,
     DraftAcceptance,
     DraftRates,
     prior_from_quality,
     read_draft_prior,
 )
-from bdcore.decode.cost import ForwardCost
+from bdcore.decode.policy.cost import ForwardCost
+from bdcore.decode.policy.speculation import SpeculationPolicy, cycle, layouts
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.speculation import Layout, SpeculationPolicy, cycle, layouts
 from bdcore.loading import load_checkpoint
 from bdcore.sidecar import Sidecar
 from inference.native.engine import DecodeConfig, Engine
@@ -260,7 +261,7 @@ def _batch_choice_by_brute_force(policy, rates, options, others=0, other_rows=1)
     option of most tokens per forward within it (the first such in its list; none fits: the first of the
     fewest rows), and the cap whose forward emits the most tokens per second wins (the first on a tie), any cap
     past the fewest rows rated BATCH_MARGIN slower."""
-    from bdcore.decode.speculation import BATCH_MARGIN
+    from bdcore.decode.policy.tuning import BATCH_MARGIN
 
     floor = other_rows if others else 1
     caps = sorted({o.rows for opts in options for o in opts if o.rows >= floor} | {floor})
@@ -434,10 +435,11 @@ def test_a_request_that_went_causal_drafts_again_after_a_while():
     it drafts once (else a pessimistic estimate could never be corrected), then goes causal again."""
     import torch
 
+    from bdcore.decode.config import AutoDraft
     from bdcore.decode.driver import Speculation
     from bdcore.decode.modes import SelfSpecDecoder
+    from bdcore.decode.policy.tuning import PROBE_EVERY
     from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence
-    from bdcore.decode.speculation import PROBE_EVERY, AutoDraft
 
     seq = Sequence(
         [1, 2],
@@ -476,8 +478,9 @@ def test_probes_back_off_while_causal_steps_stay_the_faster():
     does not follow, up to 512; once drafting pays, it drafts of its own accord and probes at the base rate."""
     from types import SimpleNamespace
 
+    from bdcore.decode.config import AutoDraft
     from bdcore.decode.driver import Speculation
-    from bdcore.decode.speculation import MAX_PROBE_EVERY, PROBE_EVERY, AutoDraft
+    from bdcore.decode.policy.tuning import MAX_PROBE_EVERY, PROBE_EVERY
 
     spec = Speculation(ForwardCost({2: {1: 1.0, 2: 10.0, 64: 100.0}}), prior=[0.6])
     batch = [SimpleNamespace(seq=SimpleNamespace(params=SimpleNamespace(greedy=True))) for _ in range(2)]
@@ -512,7 +515,7 @@ def test_in_a_batch_extra_rows_must_pay_by_the_margin(monkeypatch):
     """In a batch, drafting rows are chosen only where the policy rates them BATCH_MARGIN faster than the fewest
     rows (at 4-8 requests on a CPU its estimate ran ~6% above what drafting forwards emitted, and requests
     that draft finish and prefill apart); alone, the plain best layout wins."""
-    from bdcore.decode import speculation
+    from bdcore.decode.policy import speculation
 
     policy = SpeculationPolicy(ForwardCost({1: {1: 1.0, 4: 1.5}, 2: {1: 1.0, 4: 1.5}}))
     options = layouts(1, "all", None)  # a causal step, or one draft with canvases after every row (4 rows)

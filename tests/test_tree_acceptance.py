@@ -1,22 +1,22 @@
-"""Tree acceptance read from the drafting metric's ranks (bdcore/decode/tree_acceptance.py): depths, node counts
+"""Tree acceptance read from the drafting metric's ranks (bdcore/decode/policy/tree_acceptance.py): depths, node counts
 and the per-slot top-k path table by hand; on a tiny model, the linear chain against today's `accepted` and
 every tree against a brute-force walk over the tree's own tokens, from one forward per anchor."""
 
 import pytest
 import torch
 
-from bdcore.decode.draft_quality import draft_quality, rank_among
-from bdcore.decode.rows import Forward, Rows
-from bdcore.decode.runner import ModelRunner
-from bdcore.decode.sequence import SequenceCache
-from bdcore.decode.tree import TreeShape
-from bdcore.decode.tree_acceptance import (
+from bdcore.decode.policy.draft_quality import draft_quality, rank_among
+from bdcore.decode.policy.tree_acceptance import (
     accepted_depth,
     default_shapes,
     linear_shape,
     topk_path_acceptance,
     tree_table,
 )
+from bdcore.decode.rows import Forward, Rows
+from bdcore.decode.runner import ModelRunner
+from bdcore.decode.sequence import SequenceCache
+from bdcore.decode.tree import TreeShape
 from bdcore.loading import load_checkpoint
 from benchmark.draft_quality import markdown_tables
 from tests.test_invariant_4_self_spec import _prompts

@@ -1,4 +1,4 @@
-"""Draft trees in the self-spec policy (bdcore/decode/tree_policy.py, speculation.py, issue 44 item 3): a tree
+"""Draft trees in the self-spec policy (bdcore/decode/policy/tree_policy.py, speculation.py, issue 44 item 3): a tree
 verify's figures by hand and against an independent simulation; the policy never picks a tree that the same
 simulation rates slower than the best chain layout, picks none before a side candidate was seen right, and
 picks one where rows are cheap and side candidates often right; the estimate of side candidates; and the
@@ -10,12 +10,13 @@ from collections import Counter
 
 import pytest
 
-from bdcore.decode.acceptance import AlternativeEstimate, DraftAcceptance, DraftRates
-from bdcore.decode.cost import ForwardCost
+from bdcore.decode.layout import Layout
+from bdcore.decode.policy.acceptance import AlternativeEstimate, DraftAcceptance, DraftRates
+from bdcore.decode.policy.cost import ForwardCost
+from bdcore.decode.policy.speculation import SpeculationPolicy, cycle, layouts
+from bdcore.decode.policy.tree_policy import tree_outcome, tree_shapes
 from bdcore.decode.sampling import SamplingParams
-from bdcore.decode.speculation import Layout, SpeculationPolicy, cycle, layouts
 from bdcore.decode.tree import SHAPES, TreeShape, cut
-from bdcore.decode.tree_policy import tree_outcome, tree_shapes
 from bdcore.loading import load_checkpoint
 from inference.native.engine import DecodeConfig, Engine
 from inference.native.scheduler import Scheduler

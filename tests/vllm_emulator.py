@@ -19,10 +19,10 @@ import torch
 
 from bdcore.capabilities import Capabilities
 from bdcore.decode.config import DecodeConfig
+from bdcore.decode.layout import Layout
 from bdcore.decode.modes import SelfSpecDecoder, make_decoder
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence
-from bdcore.decode.speculation import Layout
 from bdcore.draft_adapter import MASK_ROW, attach_mask_row, draft_rows
 from bdcore.loading import load_checkpoint
 from bdcore.serving_gate import resolve

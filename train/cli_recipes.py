@@ -80,10 +80,10 @@ def recipe_flags(p: argparse.ArgumentParser) -> None:
 def eval_flags(p: argparse.ArgumentParser) -> None:
     v = p.add_argument_group(
         "held-out drafting metric",
-        "One forward per held-out answer with a drafting canvas at every position (bdcore/decode/draft_quality.py, "
-        "as python -m benchmark.draft_quality): draft_first_accept, draft_mean_accepted, draft_tpf_linear and "
-        "draft_tpf_all (the tokens per forward self-spec would take along the answers) and eval_ar_loss go to "
-        "metrics.jsonl and the progress bar.",
+        "One forward per held-out answer with a drafting canvas at every position "
+        "(bdcore/decode/policy/draft_quality.py, as python -m benchmark.draft_quality): draft_first_accept, "
+        "draft_mean_accepted, draft_tpf_linear and draft_tpf_all (the tokens per forward self-spec would take "
+        "along the answers) and eval_ar_loss go to metrics.jsonl and the progress bar.",
     )
     field_flag(v, EvalSection, "eval_data", "chat JSONL whose records end with the assistant's answer")
     field_flag(v, EvalSection, "eval_every", "steps between evaluations (default %(default)s: at the end only)")

@@ -303,7 +303,7 @@ def heldout_answers(
 ) -> list[tuple[list[int], int]]:
     """Per record of a chat dataset, its last answer rendered as the training rows render it: ([prompt,
     answer] ids ending with the end-of-turn token, the answer's first position). What the drafting metric
-    (`bdcore.decode.draft_quality`) scores, in the trainer (`--eval_data`) and in `benchmark.draft_quality`."""
+    (`bdcore.decode.policy.draft_quality`) scores, in the trainer (`--eval_data`) and in `benchmark.draft_quality`."""
     samples, _ = load_samples(
         source,
         tokenizer,

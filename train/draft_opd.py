@@ -62,7 +62,7 @@ def verify_states(ro: Rollout, mask_id: int) -> tuple[list[CommitStep], list[boo
 def walk_verdicts(accepted: list[int], start: int, end: int, draft_len: int) -> list[DraftVerdict]:
     """The verifies greedy linear self-spec (`DecodeConfig(mode="self-spec")`: one canvas after the last clean
     row) makes along an answer at positions [start, end), replayed from the accepted prefix at every anchor
-    (`bdcore.decode.draft_quality.score_sample`): the prefill's canvas of N masks at the first answer position,
+    (`bdcore.decode.policy.draft_quality.score_sample`): the prefill's canvas of N masks at the first answer position,
     then a verify at each anchor a; all N - 1 accepted leaves fresh drafts at a + N, a rejection a cold step
     whose canvas sits one place past the correction. The drafts themselves are not kept (empty)."""
     N, a, warm, out = draft_len, start, True, []
@@ -82,7 +82,7 @@ def walked_rollouts(runner, samples: list[Sample], *, mask_id: int, draft_len: i
     commits, and the verifies it makes along it (`walk_verdicts`), from one scoring forward per sample. Exact
     where the answer is the verifier's own greedy answer (self-distilled data, a draft adapter's base); on
     other answers the same decoder's behaviour along that path. `runner`: a `ModelRunner` of the student."""
-    from bdcore.decode.draft_quality import canvas_forwards, score_sample
+    from bdcore.decode.policy.draft_quality import canvas_forwards, score_sample
 
     out, forwards = [], 0
     for sample in samples:

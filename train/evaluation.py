@@ -1,6 +1,6 @@
 """The held-out drafting metric inside the trainer (`--eval_data`, every `--eval_every` steps).
 
-The same figures as `python -m benchmark.draft_quality` (`bdcore/decode/draft_quality.py`), on the student
+The same figures as `python -m benchmark.draft_quality` (`bdcore/decode/policy/draft_quality.py`), on the student
 as the server would run it (`train.rollout.decoding`): a canvas at every position of each held-out answer,
 greedy acceptance against the AR head, the self-spec walk it implies and the AR head's held-out loss.
 Every rank scores every answer (the same forwards on every rank, as FSDP2's all-gathers need), so the
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from bdcore.decode.canvas_fill import CanvasFill
-from bdcore.decode.draft_quality import draft_quality
+from bdcore.decode.policy.draft_quality import draft_quality
 from bdcore.decode.runner import ModelRunner
 from train.config import FlagError, JobConfig
 from train.data import DataError, heldout_answers

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bdcore.decode.acceptance import DRAFT_QUALITY_NAME
+from bdcore.decode.policy.acceptance import DRAFT_QUALITY_NAME
 from train.build import build_model, build_rows, build_tokenizer, check_runtime, write_json
 from train.checkpoint import check_resume, load_train_state, save_checkpoint, sidecar_for, start_run
 from train.config import FlagError, JobConfig

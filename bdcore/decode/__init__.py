@@ -8,9 +8,8 @@
 - `modes.py`: the causal, diffusion and self-spec decoders (state machines over forwards);
 - `runner.py`: the model forward over the next rows of one or more sequences;
 - `driver.py`: the one decode loop (admit, forward, take, retire) and its step (layout choice, timing);
-- `speculation.py`: self-spec layouts and the policy that picks them from cost and acceptance;
-- `acceptance.py`: how often drafts are right (per request, pooled), argmax and side candidates;
-- `tree.py`, `tree_policy.py`: draft trees (a verify over each slot's top candidates) and what they yield;
-- `cost.py`: the forward's measured cost by rows and batch size (calibration, cache, live timings);
+- `layout.py`: one self-spec step's layout (drafts verified, canvases and the rows they follow);
+- `tree.py`: draft trees (a verify over each slot's top candidates);
+- `policy/`: the self-spec policy (layouts chosen from cost and acceptance) and the drafting metric;
 - `gated_delta_layers.py`: gated-delta layers in decode forwards (the runner keeps their state).
 """

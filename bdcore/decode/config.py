@@ -8,13 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bdcore.capabilities import MODES
-from bdcore.decode.speculation import AutoDraft
 from bdcore.decode.tree import TreeShape, parse_tree
 
-__all__ = ["AUTO", "MODES", "SELF_SPEC_CANVASES", "TREE_OFF", "DecodeConfig", "ResolvedDecode"]
+__all__ = ["AUTO", "MODES", "SELF_SPEC_CANVASES", "TREE_OFF", "AutoDraft", "DecodeConfig", "ResolvedDecode"]
 # Self-spec verify forwards: one drafting canvas after the last clean row ("last": a rejection costs a cold
 # step), one after every clean row ("all": whatever prefix is accepted, its drafts are ready), or chosen each
-# step from the measured forward cost and acceptance ("auto", bdcore/decode/speculation.py).
+# step from the measured forward cost and acceptance ("auto", bdcore/decode/policy/speculation.py).
 SELF_SPEC_CANVASES = ("last", "all", "auto")
 AUTO = "auto"  # draft_len / self_spec_canvases / tree: chosen each step by the engine
 # Self-spec draft trees (greedy requests; sampled ones verify the chain): "off", "auto" (the policy weighs
@@ -42,6 +41,17 @@ class DecodeConfig:
     fuse_commit: bool = True  # diffusion: fuse each commit (the prefill too) with the next block's first denoise
     self_spec_canvases: str = "last"  # self-spec: a drafting canvas after the last clean row, or after every one
     tree: str = TREE_OFF  # self-spec: verify draft trees ("off", "auto", or a shape: "2,2", "spine:2,2,2")
+
+
+@dataclass(frozen=True)
+class AutoDraft:
+    """What a self-spec request leaves to the policy (`bdcore.decode.policy`): its longest draft and its canvas
+    choice. Settings, not policy: the policy reads them, the settings never read the policy."""
+
+    max_drafts: int  # N - 1
+    canvases: str  # "last" | "all" | "auto"
+    fixed_drafts: int | None  # None: the draft length is chosen too
+    trees: str | TreeShape = "off"  # "off", "auto" (weighed beside the chains) or the shape every verify uses
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,23 @@ from typing import Generic, TypeVar
 
 import torch
 
-from bdcore.decode.acceptance import DraftAcceptance
-from bdcore.decode.config import AUTO
-from bdcore.decode.cost import LIVE_WEIGHT, ForwardCost
+from bdcore.decode.config import AUTO, AutoDraft
+from bdcore.decode.layout import Layout
 from bdcore.decode.modes import Decoder, SelfSpecDecoder
-from bdcore.decode.speculation import MAX_PROBE_EVERY, PROBE_EVERY, AutoDraft, Layout, SpeculationPolicy, layouts
-
-POOL_CAP = 4096  # observations of draft 1 (per draft source) pooled before old ones are halved away (drift)
+from bdcore.decode.policy.acceptance import DraftAcceptance
+from bdcore.decode.policy.cost import ForwardCost
+from bdcore.decode.policy.speculation import SpeculationPolicy, layouts
+from bdcore.decode.policy.tuning import (
+    DEFAULT_PRIOR,
+    IDLE_FORWARDS,
+    LIVE_WEIGHT,
+    MAX_PROBE_EVERY,
+    POOL_CAP,
+    POOL_STRENGTH,
+    PROBE_EVERY,
+    PROBE_STEPS,
+    REQUEST_STRENGTH,
+)
 
 
 class Speculation:
@@ -34,7 +44,7 @@ class Speculation:
 
     def __init__(self, cost: ForwardCost, *, prior: list[float] | None = None):
         self.cost = cost
-        self.pooled = DraftAcceptance.from_prior(prior or [0.5], strength=8.0)
+        self.pooled = DraftAcceptance.from_prior(prior or DEFAULT_PRIOR, strength=POOL_STRENGTH)
         self.policy = SpeculationPolicy(cost)
         self.overhead = 0.0  # seconds a decode step spends outside its forward (moving average)
         self.causal_run = 0  # planned steps in a row in which no request drafted
@@ -46,7 +56,7 @@ class Speculation:
         """Time a decode step spends outside its forward (taking logits, scheduling, a server's streaming):
         the same for any layout, so it favours fewer, fuller forwards. A gap longer than a few forwards is an
         idle wait, not overhead."""
-        if 0 <= seconds <= 4 * self.cost(1):
+        if 0 <= seconds <= IDLE_FORWARDS * self.cost(1):
             self.overhead += LIVE_WEIGHT * (seconds - self.overhead)
 
     def attach(self, decoder: SelfSpecDecoder, auto: AutoDraft) -> None:
@@ -56,7 +66,7 @@ class Speculation:
         decoder.options = layouts(auto.max_drafts, auto.canvases, auto.fixed_drafts, trees)
         decoder.keep_candidates = any(o.tree is not None for o in decoder.options)
         decoder.chains = [o for o in decoder.options if o.tree is None]  # one list a request (the policy caches)
-        decoder.estimate = DraftAcceptance.starting_from(self.pooled, auto.max_drafts, strength=4.0)
+        decoder.estimate = DraftAcceptance.starting_from(self.pooled, auto.max_drafts, strength=REQUEST_STRENGTH)
 
     def plan(self, auto: list[SelfSpecDecoder], fixed_rows: list[int]) -> None:
         """Set the layout of every attached self-spec decoder in `auto` for the coming forward, which also
@@ -65,7 +75,7 @@ class Speculation:
             return
         other_rows = max(fixed_rows, default=1)
         if self.causal_run >= self.probe_every:  # re-measure acceptance now and then, or causal is forever:
-            self.probe_steps = 2  # a step that drafts, then one that verifies those drafts
+            self.probe_steps = PROBE_STEPS  # a step that drafts, then one that verifies those drafts
         probing = self.probe_steps > 0
         options = []
         rates = [d.estimate.rates(d.auto.max_drafts) for d in auto]

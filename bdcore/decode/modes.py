@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from bdcore.decode.acceptance import DraftAcceptance
-from bdcore.decode.config import DecodeConfig, ResolvedDecode
+from bdcore.decode.config import AutoDraft, DecodeConfig, ResolvedDecode
+from bdcore.decode.layout import Layout, fixed_layout
+from bdcore.decode.policy.acceptance import DraftAcceptance
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.rules import block_decided, denoise_step, first_stop, greedy_accept, speculative_accept
 from bdcore.decode.sequence import Sequence
-from bdcore.decode.speculation import AutoDraft, Layout, fixed_layout
 from bdcore.decode.tree import (
     CANDIDATES,
     DraftTree,
@@ -203,7 +203,7 @@ class DiffusionDecoder(Decoder):
 class SelfSpecDecoder(Decoder):
     """One forward per step over [pending, drafts, canvases]: the clean rows verify the drafts (their
     logits are the AR logits), each canvas of masks drafts the tokens after the clean row it follows. The
-    step's `layout` (`bdcore.decode.speculation.Layout`) says how many drafts it verifies, the canvases'
+    step's `layout` (`bdcore.decode.layout.Layout`) says how many drafts it verifies, the canvases'
     length, and which clean rows they follow; a driver with a policy sets it before every forward, and
     without one it is the fixed layout of `draft_len` N and `canvases`:
 

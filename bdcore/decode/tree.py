@@ -58,8 +58,8 @@ class TreeShape:
         return f"spine({widths})" if self.spine else f"({widths})"
 
 
-# The one list of tree shapes (their leading widths; deeper depths are a chain): the ones `--tree auto`
-# weighs (`bdcore.decode.tree_policy`) and the drafting metric reports (`bdcore.decode.tree_acceptance`), as
+# The one list of tree shapes (their leading widths; deeper depths are a chain): the ones `--tree auto` weighs
+# (`bdcore.decode.policy.tree_policy`) and the drafting metric reports (`bdcore.decode.policy.tree_acceptance`), as
 # measured on the real checkpoint (docs/design.md 8.17), a spine offering a second candidate at every depth
 # first. A full tree's nodes grow with the product of its widths, so wider ones are left to `--tree W1,W2,...`.
 SHAPES = (

@@ -53,8 +53,8 @@ import contextlib
 import torch
 
 from bdcore.capabilities import Capabilities
+from bdcore.decode.layout import Layout
 from bdcore.decode.sampling import ban
-from bdcore.decode.speculation import Layout
 from bdcore.serving_gate import resolve
 from inference.sglang_backend.requests import Request, RequestTable, request_params
 from inference.sglang_backend.settings import DecodeSettings

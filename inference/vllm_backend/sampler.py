@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from bdcore.capabilities import Capabilities
+from bdcore.decode.layout import Layout
 from bdcore.decode.modes import Decoder, SelfSpecDecoder, make_decoder
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import AnswerTokens, DecodeStats, EngineOwnedCache, Sequence
-from bdcore.decode.speculation import Layout
 from bdcore.serving_gate import resolve
 from inference.vllm_backend.masks import AttentionSpec, ranges_for
 from inference.vllm_backend.settings import VllmDecodeSettings

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from bdcore.decode.packed_linear import is_packed
+from bdcore.decode.policy.tuning import LIVE_WEIGHT
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.sequence import SequenceCache
 
@@ -38,7 +39,6 @@ BATCHES = (1, 2, 4, 8)  # sequences per calibration forward (the scheduler's def
 CONTEXT = 128  # cached tokens the calibration forwards attend to
 # What a calibration forward holds (in the cache key: older curves timed clean rows, or one sequence only)
 SHAPE = "verify+canvas by batch"
-LIVE_WEIGHT = 0.2  # weight of a new live timing in its row count's moving average
 
 
 class RowCost:
@@ -220,8 +220,8 @@ def code_stamp() -> str:
     """A hash of the code a decode forward runs through (bdcore's decode package, the draft adapter's gated
     projections): a measurement made before a change to them (one such change cut a drafting forward's cost by a
     fifth) would mislead the policy until the cache was cleared by hand."""
-    root = Path(__file__).resolve().parent
-    files = sorted(root.glob("*.py")) + [root.parent / f for f in ("draft_adapter.py", "draft_adapter_serving.py")]
+    decode = Path(__file__).resolve().parents[1]  # bdcore/decode, this policy package included
+    files = sorted(decode.rglob("*.py")) + [decode.parent / f for f in ("draft_adapter.py", "draft_adapter_serving.py")]
     return hashlib.sha1(b"".join(f.read_bytes() for f in files)).hexdigest()[:12]
 
 

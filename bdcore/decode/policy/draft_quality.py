@@ -16,7 +16,7 @@ gives the tokens per forward they imply. On an answer that is the checkpoint's o
 walk is what `serve.py --mode self-spec` does, forward for forward; on other answers it is the same
 decoder's behaviour along that path. The anchor at the answer's first position mirrors the prefill,
 whose canvas is N masks long. Per anchor the rank of the AR token among each slot's draft logits is kept
-too: `bdcore.decode.tree_acceptance` reads from them what a tree of top-k drafts would accept.
+too: `bdcore.decode.policy.tree_acceptance` reads from them what a tree of top-k drafts would accept.
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 import torch
 
 from bdcore.decode.canvas_fill import CanvasFill
-from bdcore.decode.rows import Forward, Rows
-from bdcore.decode.sequence import SequenceCache
-from bdcore.decode.tree import TreeShape
-from bdcore.decode.tree_acceptance import (
+from bdcore.decode.policy.tree_acceptance import (
     TOP_K,
     accepted_depth,
     default_shapes,
     topk_path_acceptance,
     tree_table,
 )
+from bdcore.decode.rows import Forward, Rows
+from bdcore.decode.sequence import SequenceCache
+from bdcore.decode.tree import TreeShape
 
 
 @dataclass
@@ -180,7 +180,7 @@ class DraftQuality:
         }
 
     def trees(self, draft_len: int, shapes: list[TreeShape] | None = None, top_k: int = TOP_K) -> dict[str, list]:
-        """What trees of top-k drafts would accept (`bdcore.decode.tree_acceptance`): the per-slot top-k path
+        """What trees of top-k drafts would accept (`bdcore.decode.policy.tree_acceptance`): the per-slot top-k path
         acceptance and, per shape (default: `default_shapes`), node count and mean accepted drafts per verify.
         Apart from `summary` so that the trainer's logged figures stay what they were."""
         anchors = [ranks for s in self.per_sample for ranks in s.ranks]

@@ -1,6 +1,6 @@
 """Draft trees in the self-spec policy: which shapes it weighs, and what one tree verify yields.
 
-`bdcore.decode.speculation` rates every layout by the tokens a verify step emits and the chance that the
+`bdcore.decode.policy.speculation` rates every layout by the tokens a verify step emits and the chance that the
 next step is a cold one or drafts stale tokens; this module gives those figures for a tree layout
 (`tree_outcome`) from the per-slot argmax acceptance and the `AlternativeEstimate` rates (how often the AR
 token is a side candidate when the argmax is rejected). The next step's drafts come from the canvases after

@@ -1,28 +1,28 @@
 """How much self-spec drafts each step: a layout chosen from the measured forward cost and acceptance.
 
 Self-spec is lossless for any sequence of layouts (every emitted token is the AR head's, greedy or by
-rejection sampling), so the only thing a layout changes is speed. A step's layout (`Layout`) says how many
-of the drafts in hand it verifies, how long the canvases that draft the next step are, and after which
-clean rows they sit: after the last only (linear: a rejection leaves no drafts, so the next step is a cold
-step), after every one (all canvases: whatever prefix is accepted, its drafts are ready), or after every
-row from the `first_canvas`-th on (a rejection before it costs a cold step). `drafts = canvas = 0` is a
-plain causal step.
+rejection sampling), so the only thing a layout changes is speed. A step's layout (`bdcore.decode.layout`)
+says how many of the drafts in hand it verifies, how long the canvases that draft the next step are, and
+after which clean rows they sit: after the last only (linear: a rejection leaves no drafts, so the next step
+is a cold step), after every one (all canvases: whatever prefix is accepted, its drafts are ready), or after
+every row from the `first_canvas`-th on (a rejection before it costs a cold step). `drafts = canvas = 0` is
+a plain causal step.
 
 `SpeculationPolicy.choose` picks, for every sequence of a forward at once, the layout that maximises the
 expected tokens emitted per second of the whole forward: acceptance from `DraftAcceptance` (what the
 request has observed, pulled towards the engine's pooled estimate and the checkpoint's prior), cost from
-`bdcore.decode.cost.ForwardCost` (forward seconds by the longest row list and the sequences in it).
+`bdcore.decode.policy.cost.ForwardCost` (forward seconds by the longest row list and the sequences in it).
 
 Drafts come from two sources with different acceptance. A canvas after the last clean row, or a cold
 step's canvas after the pending token, drafts past a token the model believed in ("fresh"). A canvas after
 row k < drafts, used when draft k+1 was rejected, drafts past the AR head's correction of that draft,
 which it never saw and had implicitly guessed otherwise ("stale"): on the demo checkpoint the cycle
 model rated all canvases 1.3x linear in tokens per forward with one acceptance for both, and the engine
-measured 1.09x. The two are estimated apart (`bdcore.decode.acceptance`), and a cycle is a two-state chain
+measured 1.09x. The two are estimated apart (`bdcore.decode.policy.acceptance`), and a cycle is a two-state chain
 over them.
 
 A layout may also verify a draft tree (`Layout.tree`, `bdcore.decode.tree`): several candidates per
-position in one forward, for greedy requests. Its figures come from `bdcore.decode.tree_policy`, and it is
+position in one forward, for greedy requests. Its figures come from `bdcore.decode.policy.tree_policy`, and it is
 one more option beside the layouts above: chosen only where the same rule rates it faster than each of them.
 """
 
@@ -30,69 +30,12 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from functools import cached_property
 
-from bdcore.decode.acceptance import DraftRates
-from bdcore.decode.tree import TreeShape, cut
-from bdcore.decode.tree_policy import TreeWalk, tree_shapes, tree_walk
-
-PROBE_EVERY = 32  # causal steps before a request drafts again to re-measure its acceptance
-# In a batch, rows past the fewest any sequence needs must buy this much more speed than the fewest. At 4-8
-# requests on a CPU the estimated tokens of a batch's drafting forwards ran ~6% above what they emitted, and
-# requests that draft finish apart and so prefill apart (a prompt alone costs more than in a batch of prompts):
-# without the margin `auto` chose drafting the model rated ~5-10% faster and ran 10-20% slower than causal.
-BATCH_MARGIN = 0.1
-MAX_PROBE_EVERY = 512  # the longest gap between probes, after probes that found causal steps the faster
-
-
-@dataclass(frozen=True)
-class AutoDraft:
-    """What a self-spec request leaves to the policy: its longest draft and its canvas choice."""
-
-    max_drafts: int  # N - 1
-    canvases: str  # "last" | "all" | "auto"
-    fixed_drafts: int | None  # None: the draft length is chosen too
-    trees: str | TreeShape = "off"  # "off", "auto" (weighed beside the chains) or the shape every verify uses
-
-
-@dataclass(frozen=True)
-class Layout:
-    """One self-spec step: verify `drafts` drafts (clean rows [pending, d1..d_drafts]), and draft the next
-    step with canvases of `canvas` masks after the clean rows `first_canvas`..`drafts`.
-
-    `seeded`: a drafting forward of its own instead, for a backend whose forwards are all causal or all
-    bidirectional (SGLang): one canvas [pending, MASK x canvas] at the pending token's position, the pending
-    token its visible slot 0 as a diffusion block's seed, drafts the `canvas` tokens after it; it verifies
-    and emits nothing, and keeps nothing cached. No policy picks it.
-
-    `tree`: verify a draft tree of this shape cut to `drafts` depths (`bdcore.decode.tree.cut`: widths past
-    them unused, depths past its widths a chain) instead of the chain of argmax drafts; the canvases follow
-    the spine's rows (`bdcore.decode.tree`). Layouts of one shape cut to several depths share its walk."""
-
-    drafts: int
-    canvas: int
-    first_canvas: int = 0
-    seeded: bool = False
-    tree: TreeShape | None = None
-
-    @cached_property  # the policy reads it for every option a step
-    def rows(self) -> int:
-        if self.seeded:
-            return 1 + self.canvas
-        tree = cut(self.tree, self.drafts) if self.tree is not None else None
-        verified = 1 + (tree.nodes if tree is not None else self.drafts)
-        return verified + (self.drafts + 1 - self.first_canvas) * self.canvas if self.canvas else verified
-
-    def canvas_rows(self) -> range:
-        """The clean rows (0 = the pending token) a canvas follows."""
-        return range(self.first_canvas, self.drafts + 1) if self.canvas else range(0)
-
-
-def fixed_layout(draft_len: int, canvases: str, tree: TreeShape | None = None) -> Layout:
-    """The fixed settings: N - 1 drafts a step, canvases of N - 1 after the last row or after every row, the
-    drafts a chain or a tree of shape `tree`."""
-    n = draft_len - 1
-    return Layout(n, n, n if canvases == "last" else 0, tree=tree if tree is not None and cut(tree, n) else None)
+from bdcore.decode.layout import Layout
+from bdcore.decode.policy.acceptance import DraftRates
+from bdcore.decode.policy.tree_policy import TreeWalk, tree_shapes, tree_walk
+from bdcore.decode.policy.tuning import BATCH_MARGIN
+from bdcore.decode.tree import TreeShape
 
 
 @dataclass(frozen=True)

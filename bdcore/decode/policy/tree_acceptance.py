@@ -1,4 +1,4 @@
-"""What a tree of drafts would accept, read from the drafting metric's ranks (`bdcore/decode/draft_quality.py`).
+"""What a tree of drafts would accept, read from the drafting metric's ranks (`bdcore/decode/policy/draft_quality.py`).
 
 A canvas drafts all its slots in one forward from the same masks, so slot j's logits do not depend on the
 candidate chosen at slot i < j: a tree built from each slot's top-k tokens offers, under every node at

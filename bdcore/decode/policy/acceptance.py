@@ -2,7 +2,7 @@
 
 `AcceptanceEstimate`: P(draft j accepted | drafts 1..j-1 were), from observed verify steps and a prior.
 `DraftAcceptance` keeps two of them, for fresh drafts and for stale ones (drafted after a rejected draft;
-see `bdcore.decode.speculation`), and the `AlternativeEstimate` of draft trees: when slot j's argmax draft
+see `bdcore.decode.policy.speculation`), and the `AlternativeEstimate` of draft trees: when slot j's argmax draft
 is rejected, how often the AR token is among the slot's next candidates. `prior_from_quality` turns a
 checkpoint's drafting-metric figures (`draft_quality.json`) into a prior.
 """
@@ -68,7 +68,7 @@ class AcceptanceEstimate:
 class AlternativeEstimate:
     """Per slot j = 1..: of the verify steps that accepted drafts 1..j-1 and rejected slot j's argmax draft,
     the share whose AR token was among slot j's top w candidates, w = 1..WIDEST (w = 1: none, by
-    definition). What a draft tree's side branches add: `bdcore.decode.tree_policy`.
+    definition). What a draft tree's side branches add: `bdcore.decode.policy.tree_policy`.
 
     Shrunk towards `prior` (per slot, a tuple indexed by w - 1; the last slot's repeats) with `strength`
     observations, and past the prior's end towards the slot before, as `AcceptanceEstimate`. Every verify
@@ -164,7 +164,7 @@ class DraftAcceptance:
 
 
 def prior_from_quality(first_accept: float, mean_accepted: float, draft_len: int) -> list[float]:
-    """Per-draft acceptance rates from two drafting-metric figures (`bdcore.decode.draft_quality`): draft
+    """Per-draft acceptance rates from two drafting-metric figures (`bdcore.decode.policy.draft_quality`): draft
     1 at `first_accept`, the later ones at the constant rate a with first_accept * (1 + a + ... + a^(N-2))
     = mean_accepted (solved by bisection), kept within [0.02, 0.98]."""
     a1 = min(max(first_accept, 0.02), 0.98)
