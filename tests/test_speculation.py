@@ -436,8 +436,8 @@ def test_a_request_that_went_causal_drafts_again_after_a_while():
     import torch
 
     from bdcore.decode.config import AutoDraft
-    from bdcore.decode.driver import Speculation
     from bdcore.decode.modes import SelfSpecDecoder
+    from bdcore.decode.policy.state import Speculation
     from bdcore.decode.policy.tuning import PROBE_EVERY
     from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence
 
@@ -479,7 +479,7 @@ def test_probes_back_off_while_causal_steps_stay_the_faster():
     from types import SimpleNamespace
 
     from bdcore.decode.config import AutoDraft
-    from bdcore.decode.driver import Speculation
+    from bdcore.decode.policy.state import Speculation
     from bdcore.decode.policy.tuning import MAX_PROBE_EVERY, PROBE_EVERY
 
     spec = Speculation(ForwardCost({2: {1: 1.0, 2: 10.0, 64: 100.0}}), prior=[0.6])

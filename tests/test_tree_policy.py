@@ -202,4 +202,4 @@ def test_auto_with_trees_is_lossless_alone_and_batched_and_learns_side_candidate
         got = list(pool.map(lambda ids: scheduler.generate(ids, params).tokens, prompts))
     assert got == want and max(scheduler.batch_sizes) > 1
     sampled, _ = auto.start(prompts[0], SamplingParams(temperature=1.0, max_tokens=4))
-    assert not sampled.keep_candidates and all(o.tree is None for o in sampled.options), "sampled: chains only"
+    assert not sampled.keep_candidates and all(o.tree is None for o in sampled.policy.options), "sampled: chains only"

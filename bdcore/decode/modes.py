@@ -10,12 +10,12 @@ fields, so a batched scheduler and a one-request loop drive the same objects (a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from bdcore.decode.config import AutoDraft, DecodeConfig, ResolvedDecode
+from bdcore.decode.config import DecodeConfig, ResolvedDecode
 from bdcore.decode.layout import Layout, fixed_layout
-from bdcore.decode.policy.acceptance import DraftAcceptance
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.rules import block_decided, denoise_step, first_stop, greedy_accept, speculative_accept
 from bdcore.decode.sequence import Sequence
@@ -29,6 +29,9 @@ from bdcore.decode.tree import (
     top_candidates,
     verify_greedy,
 )
+
+if TYPE_CHECKING:  # a decoder holds its request's policy state; it runs no policy code
+    from bdcore.decode.policy.request import RequestPolicy
 
 
 @dataclass
@@ -239,15 +242,10 @@ class SelfSpecDecoder(Decoder):
         self.N = draft_len
         tree = tree if seq.params.greedy else None  # sampled requests verify the chain (rejection sampling)
         self.layout = fixed_layout(draft_len, canvases if canvases != "auto" else "last", tree)
-        self.keep_candidates = tree is not None  # keep each slot's top candidates (a driver may set it too)
+        self._fixed_tree = tree is not None  # a fixed tree verifies each slot's top candidates
         self.candidates: list[list[int]] | None = None  # per draft in hand, its slot's candidates, best first
         self.tree: DraftTree | None = None  # the tree of the forward in flight
-        self.auto: AutoDraft | None = None  # set with the next three by a driver whose policy picks layouts
-        self.options: list[Layout] = []  # the layouts it may pick
-        self.chains: list[Layout] = []  # those without a draft tree
-        self.estimate: DraftAcceptance | None = None  # this request's acceptance
-        self.last_verify: tuple[int, int, bool] | None = None  # (drafts verified, accepted, were they stale)
-        self.last_alternative: tuple[int, int] | None = None  # (slot whose argmax was rejected, AR token's rank)
+        self.policy: RequestPolicy | None = None  # where the engine's policy picks the layouts (`attach`)
         self.stale = False  # the drafts in hand came from a canvas after a rejected draft
         self.c = len(seq.prompt_ids)  # cached tokens; the pending token sits at position c
         self.prefill = True
@@ -290,7 +288,7 @@ class SelfSpecDecoder(Decoder):
     def receive(self, logits):
         c, seq, step = self.c, self.seq, self.step
         seq.stats.drafted[step.canvas] += 1
-        crop, self.last_verify, self.last_alternative = None, None, None
+        crop = None
         if step.seeded:  # drafts only: nothing verified, emitted or cached
             self._draft(logits[: step.canvas])
             self.stale = False
@@ -328,8 +326,8 @@ class SelfSpecDecoder(Decoder):
                 emitted = self.drafts[:k] + [last]
                 ar_rows, crop = logits[: k + 1], c + 1 + k  # pending + accepted drafts stay cached
             seq.stats.accepted[k] += 1
-            self.last_verify = (v, spine_k, self.stale)  # what the argmax chain alone accepted
-            self._observe(v, spine_k, int(ar_tokens[spine_k]))
+            if self.policy is not None:  # what the argmax chain alone accepted
+                self.policy.verified(v, spine_k, self.stale, self._alternative(v, spine_k, int(ar_tokens[spine_k])))
             self.c = c + 1 + k
             canvas_at = n_clean + (k - step.first_canvas) * step.canvas  # the canvas after row k, if any
             k = k if on_spine else -1  # a path off the spine has no canvas after it
@@ -342,17 +340,19 @@ class SelfSpecDecoder(Decoder):
         self.pending = emitted[-1]
         return crop
 
-    def _observe(self, verified: int, accepted: int, ar_token: int) -> None:
-        """Feed this request's estimate: the argmax chain accepted `accepted` of `verified` drafts, and where
-        it stopped short, the AR token `ar_token`'s rank among the rejected slot's candidates."""
-        if self.estimate is None:
-            return
-        self.estimate.observe(verified, accepted, self.stale)
-        if self.candidates is not None and accepted < verified:
-            slot = self.candidates[accepted]
-            rank = slot.index(ar_token) if ar_token in slot else CANDIDATES
-            self.last_alternative = (accepted + 1, rank)
-            self.estimate.alternatives.observe(accepted + 1, rank)
+    @property
+    def keep_candidates(self) -> bool:
+        """Keep each drafted slot's top candidates: a fixed tree verifies them; with a policy, where it weighs
+        trees (which it rates from them)."""
+        return self.policy.keeps_candidates if self.policy is not None else self._fixed_tree
+
+    def _alternative(self, verified: int, accepted: int, ar_token: int) -> tuple[int, int] | None:
+        """Where the argmax chain stopped short of `verified` drafts with the slots' candidates kept: (the
+        rejected slot, 1-based; the AR token `ar_token`'s rank among its candidates)."""
+        if self.candidates is None or accepted >= verified:
+            return None
+        slot = self.candidates[accepted]
+        return accepted + 1, slot.index(ar_token) if ar_token in slot else CANDIDATES
 
     def _draft(self, rows_logits) -> None:
         self.drafted_from = self.canvas_len

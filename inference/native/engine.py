@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 import torch
 
 from bdcore.decode.config import AUTO, DecodeConfig, ResolvedDecode
-from bdcore.decode.driver import DecodeDriver, DecodeLoop, Speculation
+from bdcore.decode.driver import DecodeDriver, DecodeLoop
 from bdcore.decode.modes import Decoder, make_decoder
 from bdcore.decode.policy.cost import ForwardCost, calibrate, load_or_calibrate
+from bdcore.decode.policy.state import Speculation
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import AnswerTokens, DecodeStats, Sequence, TokenLogprob

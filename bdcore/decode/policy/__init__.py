@@ -4,6 +4,8 @@ The mechanism (decoders, runner, rows, rules) runs whatever `bdcore.decode.layou
 package chooses it where a request leaves the choice to the engine (`--draft-len auto`,
 `--self-spec-canvases auto`, `--tree auto`), and measures what the choice needs.
 
+- `state.py`: the engine's policy state (`Speculation`): the driver asks it to plan and tells it what happened;
+- `request.py`: one request's policy state (`RequestPolicy`), the one policy object its decoder holds;
 - `speculation.py`: the layouts a request may take and the one each of a forward's sequences takes;
 - `acceptance.py`: how often drafts are right (per request, pooled), argmax and side candidates;
 - `tree_policy.py`: the draft trees the policy weighs and what one tree verify yields;
