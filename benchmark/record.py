@@ -8,8 +8,9 @@ A record is one JSON object per file, one run of one command:
 
 `kind` picks the rows' fields (ROW_FIELDS): `speed` (a variant's tok/s at a concurrency, against causal and
 the base model's `generate`), `scaling` (drafting and `auto` speed against training minutes),
-`diffusion_quality` (accuracy against tokens per forward per setting) or `mode_quality` (pass@1 and agreement
-with the base model per mode, temperature and task). A record that breaks the schema is
+`diffusion_quality` (accuracy against tokens per forward per setting), `mode_quality` (pass@1 and agreement
+with the base model per mode, temperature and task) or `arms` (training recipes side by side at one budget,
+scored by the drafting metric and served). A record that breaks the schema is
 refused with the file and the field named, so a typo cannot silently drop a figure from the page.
 
 The results page shows today's figures only. When a newer run answers a record's question (the scaling
@@ -74,6 +75,19 @@ ROW_FIELDS = {
         "auto_vs_causal": ("number", False),  # self-spec auto tok/s over our causal mode's
         "auto_vs_base": ("number", False),  # self-spec auto tok/s over the base model's generate
     },
+    "arms": {  # recipes side by side from one starting point at an equal budget (benchmark/recipe_sweep.py)
+        "arm": ("str", True),  # what the arm changes, in words or flags
+        "minutes": ("number", True),  # training minutes (idle-equivalent where the notes say how)
+        "steps": ("int", False),
+        "tokens": ("number", False),
+        "first_accepted": ("number", False),  # 0..1, the drafting metric's first-draft acceptance
+        "implied_linear": ("number", False),
+        "implied_all": ("number", False),
+        "served_linear": ("number", False),  # acceptance length served (self-spec last), greedy
+        "auto_vs_causal": ("number", False),
+        "auto_vs_base": ("number", False),
+        "ar_loss": ("number", False),  # the AR head's held-out loss: unchanged when the base is kept
+    },
     "diffusion_quality": {
         "setting": ("str", True),  # "causal", "threshold 0.9", ...
         "accuracy": ("number", True),  # 0..1
@@ -95,8 +109,9 @@ ROW_FIELDS = {
 KINDS = tuple(ROW_FIELDS)
 # a speed row must say how fast in at least one of these
 SPEED_FIGURES = ("tok_s", "vs_causal", "vs_base")
-SHARES = ("same_as_causal", "accuracy", "pass_at_1", "agree_exact", "agree_prefix")
+SHARES = ("same_as_causal", "accuracy", "pass_at_1", "agree_exact", "agree_prefix", "first_accepted")
 BASELINE, CAUSAL = "base generate", "causal"  # the speed rows every ratio is taken against
+VLLM = "stock vLLM"  # the base model on stock vLLM's CPU build (bench_decode --vllm): a ratio where a run has it
 
 
 class RecordError(ValueError):
@@ -169,20 +184,23 @@ def is_current(record: dict) -> bool:
 
 
 def speed_rows(record: dict) -> list[dict]:
-    """A speed record's rows with tok/s and both ratios filled in where the others give them: a ratio is
-    taken against the causal (or base generate) row of the same run and concurrency."""
+    """A speed record's rows with tok/s and the ratios filled in where the others give them: a ratio is
+    taken against the causal (or base generate, or stock vLLM: `vs_vllm`) row of the same run and concurrency."""
     rows = [dict(r) for r in record["rows"]]
     key = lambda r: (r.get("run"), r["concurrency"])  # noqa: E731
     causal = {key(r): r for r in rows if r["variant"] == CAUSAL}
     base = {key(r): r for r in rows if r["variant"] == BASELINE}
+    vllm = {key(r): r for r in rows if r["variant"] == VLLM}
     for r in rows:
-        c, b = causal.get(key(r)), base.get(key(r))
+        c, b, v = causal.get(key(r)), base.get(key(r)), vllm.get(key(r))
         if "tok_s" not in r and "vs_causal" in r and c is not None and "tok_s" in c:
             r["tok_s"] = r["vs_causal"] * c["tok_s"]
         if "tok_s" in r and c is not None and "tok_s" in c:
             r.setdefault("vs_causal", r["tok_s"] / c["tok_s"])
         if "tok_s" in r and b is not None and "tok_s" in b:
             r.setdefault("vs_base", r["tok_s"] / b["tok_s"])
+        if "tok_s" in r and v is not None and "tok_s" in v:
+            r["vs_vllm"] = r["tok_s"] / v["tok_s"]
     return rows
 
 

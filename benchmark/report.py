@@ -67,7 +67,7 @@ def _table(header: list[str], cells: list[list[str]]) -> list[str]:
 def speed_table(record: dict) -> list[str]:
     withdrawn = "speed_withdrawn" in record
     header = ["run", "variant", "concurrency", "tokens/forward", "acceptance length", "tok/s", "tok/s per user"]
-    header += ["vs base generate", "vs causal", "same as causal", "accuracy"]
+    header += ["vs base generate", "vs causal", "vs stock vLLM", "same as causal", "accuracy"]
     cells = []
     for r in speed_rows(record):
         cells.append(
@@ -81,6 +81,7 @@ def speed_table(record: dict) -> list[str]:
                 _num(r.get("tok_s_per_request"), 1),
                 _ratio(r.get("vs_base"), withdrawn),
                 _ratio(r.get("vs_causal"), withdrawn),
+                _ratio(r.get("vs_vllm"), withdrawn),
                 _share(r.get("same_as_causal")),
                 _share(r.get("accuracy")),
             ]
@@ -103,6 +104,29 @@ def scaling_table(record: dict) -> list[str]:
             _num(r.get("served_all"), 2),
             _ratio(r.get("auto_vs_causal"), withdrawn),
             _ratio(r.get("auto_vs_base"), withdrawn),
+        ]
+        for r in record["rows"]
+    ]
+    return _table(header, cells)
+
+
+def arms_table(record: dict) -> list[str]:
+    header = ["arm", "training minutes", "steps", "training tokens", "first draft accepted", "implied linear tok/fwd"]
+    header += ["implied all-canvases tok/fwd", "served linear tok/fwd", "auto vs causal", "auto vs base generate"]
+    header += ["AR held-out loss"]
+    cells = [
+        [
+            r["arm"],
+            _num(r["minutes"], 1),
+            str(r.get("steps", "")),
+            "" if r.get("tokens") is None else f"{r['tokens']:,.0f}",
+            "" if "first_accepted" not in r else f"{r['first_accepted']:.1%}",
+            _num(r.get("implied_linear"), 3),
+            _num(r.get("implied_all"), 3),
+            _num(r.get("served_linear"), 2),
+            _ratio(r.get("auto_vs_causal")),
+            _ratio(r.get("auto_vs_base")),
+            _num(r.get("ar_loss"), 4),
         ]
         for r in record["rows"]
     ]
@@ -136,6 +160,7 @@ def mode_quality_table(record: dict) -> list[str]:
 TABLES = {
     "speed": speed_table,
     "scaling": scaling_table,
+    "arms": arms_table,
     "diffusion_quality": diffusion_table,
     "mode_quality": mode_quality_table,
 }
@@ -176,6 +201,12 @@ SECTIONS = [
         "(solid) and all canvases (dashed), one colour per training run. Right: self-spec `auto` tok/s over our "
         "causal mode (circles) and over the base model's `generate` (diamonds); ratios a record withdraws (struck "
         "through in its table) are not plotted.",
+    ),
+    (
+        "Drafting recipes side by side at an equal training budget",
+        lambda r: r["kind"] == "arms",
+        None,
+        "",
     ),
     (
         "Speed against the base model's own decoding",

@@ -116,6 +116,47 @@ def test_tables_and_plots_from_a_small_record_set(site):
         assert stamp(png)[1].startswith(DIGEST_PREFIX)
 
 
+ARMS = [
+    {"arm": "sft kl", "minutes": 30.1, "steps": 560, "tokens": 540_000, "first_accepted": 0.512, "implied_linear": 1.5},
+    {"arm": "draft-opd", "minutes": 29.8, "steps": 476, "first_accepted": 0.5, "implied_linear": 1.45, "ar_loss": 0.43},
+]
+
+
+def test_recipe_arms_have_their_own_section_and_table(site):
+    (site["data"] / "arms.json").write_text(json.dumps(_record("arms", ARMS, title="arms at 30 minutes")))
+    site["out"].parent.mkdir()
+    assert report.main(_argv(site)) == 0
+    page = site["out"].read_text()
+    section = page.index("## Drafting recipes side by side")
+    assert section < page.index("### arms at 30 minutes") < page.index("## Speed against the base")
+    # shares as percentages, an unfilled column dropped, a cell one row lacks shown as -
+    header = "| arm | training minutes | steps | training tokens | first draft accepted | implied linear tok/fwd |"
+    assert header + " AR held-out loss |" in page
+    assert "| sft kl | 30.1 | 560 | 540,000 | 51.2% | 1.500 | - |" in page
+    assert "| draft-opd | 29.8 | 476 | - | 50.0% | 1.450 | 0.4300 |" in page
+    # a share outside [0, 1] is refused by the schema, naming the field
+    bad = _record("arms", [dict(ARMS[0], first_accepted=51.2)])
+    with pytest.raises(record.RecordError, match=r"rows\[0\]\.first_accepted"):
+        record.validate(bad, "arms.json")
+
+
+def test_speed_against_stock_vllm_is_taken_within_a_run_and_concurrency():
+    rows = [
+        {"variant": "stock vLLM", "concurrency": 1, "tok_s": 40.0},
+        {"variant": "causal", "concurrency": 1, "tok_s": 28.0},
+        {"variant": "self-spec auto", "concurrency": 1, "vs_causal": 1.1},  # tok/s from causal's: 30.8
+        {"variant": "stock vLLM", "concurrency": 8, "tok_s": 240.0},
+        {"variant": "causal", "concurrency": 8, "tok_s": 96.0},
+        {"variant": "causal", "concurrency": 4, "tok_s": 70.0},  # no vLLM row at 4: no ratio
+    ]
+    got = {(r["variant"], r["concurrency"]): r.get("vs_vllm") for r in record.speed_rows(_record("speed", rows))}
+    assert got[("causal", 1)] == pytest.approx(0.7) and got[("causal", 8)] == pytest.approx(0.4)
+    assert got[("self-spec auto", 1)] == pytest.approx(0.77) and got[("stock vLLM", 1)] == 1.0
+    assert got[("causal", 4)] is None
+    table = "\n".join(report.speed_table(_record("speed", rows)))
+    assert "| causal | 1 | 28.0 | 1.00x | 0.70x |" in table and "| causal | 4 | 70.0 | 1.00x | - |" in table
+
+
 def test_rendering_is_deterministic_and_check_catches_drift(site):
     site["out"].parent.mkdir()
     assert report.main(_argv(site)) == 0

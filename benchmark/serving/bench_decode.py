@@ -29,13 +29,14 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmark.serving.decode_report import VLLM  # the base model on stock vLLM's CPU build (--vllm)
+from benchmark.record import VLLM  # the base model on stock vLLM's CPU build (--vllm)
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE = "base generate"  # the base model decoded by transformers' generate (benchmark/base_generate.py)
@@ -194,7 +195,8 @@ def _start_vllm(args):
         raise SystemExit("--vllm serves the base model: give --base, the model this checkpoint was converted from")
     threads = args.vllm_threads or torch.get_num_threads()
     settings = VLLMSettings(threads=threads, dtype="bfloat16" if args.dtype != "fp32" else "float32")
-    log = Path(args.json or "bench_decode").with_suffix(".vllm.log")
+    # beside the run's --json, else in the temp folder (a record's folder holds records only)
+    log = Path(args.json).with_suffix(".vllm.log") if args.json else Path(tempfile.gettempdir()) / "bdstack-vllm.log"
     print(f"starting stock vLLM on {directory} ({threads} thread(s)); its log: {log}", flush=True)
     return start_vllm(directory, settings, log=log)
 

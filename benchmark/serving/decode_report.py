@@ -6,7 +6,7 @@ import math
 import sys
 from pathlib import Path
 
-VLLM = "stock vLLM"  # bench_decode's variant of the base model on stock vLLM's CPU build
+from benchmark.record import VLLM  # bench_decode's variant of the base model on stock vLLM's CPU build
 
 
 def _spread(ratios: list[float] | None) -> str:
