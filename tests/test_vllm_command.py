@@ -31,7 +31,7 @@ def dense(tmp_path_factory):
 def test_causal_is_stock_vllm_with_pass_through(capsys, tmp_path):
     argv = ["some/model", "--mode", "causal", "--port", "31000", "--max-batch", "3", "--api-key", "k"]
     cmd = dry_run(capsys, [*argv, "--served-model-name", "m"], ["--", "--tensor-parallel-size", "2"])
-    assert cmd[:5] == [VLLM_PY, "-m", vc.VLLM_CLI, "serve", "some/model"]
+    assert cmd[:5] == [VLLM_PY, "-m", vc.VLLM_SERVER, "--model", "some/model"]
     assert flag(cmd, "--port") == "31000" and flag(cmd, "--host") == "127.0.0.1"
     assert flag(cmd, "--max-num-seqs") == "3" and flag(cmd, "--api-key") == "k"
     assert flag(cmd, "--served-model-name") == "m"

