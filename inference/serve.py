@@ -145,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Native engine only: SGLang and vLLM refuse it",
     )
     n.add_argument(
+        "--compile",
+        action="store_true",
+        help="run decode steps compiled (torch.compile, inductor: fused small ops, no per-op Python): SmolLM2-135M's "
+        "causal step 57 -> 33 ms on a 2-core CPU. Compiles at start (minutes on a small CPU, less from inductor's "
+        "disk cache on the next start); prompts, drafting forwards and hybrid models stay eager",
+    )
+    n.add_argument(
         "--max-tokens",
         type=int,
         default=SERVER.max_tokens,
@@ -320,6 +327,7 @@ def run_native(args, extra: list[str]) -> int:
             max_request_bytes=args.max_request_bytes,
             allow_client_chat_template=args.allow_client_chat_template,
             chat_template_timeout=args.chat_template_timeout,
+            compiled=args.compile,
         )
     except (CheckpointError, ValueError, NotImplementedError) as e:
         raise ServeError(str(e)) from e

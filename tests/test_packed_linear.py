@@ -128,9 +128,11 @@ def test_row_cost_measurements_of_packed_and_plain_models_are_kept_apart(tmp_pat
         cost, "calibrate", lambda runner: measured.append(1) or cost.ForwardCost({1: {1: float(len(measured))}})
     )
     (tmp_path / "ckpt").mkdir()
-    plain = types.SimpleNamespace(model=torch.nn.Linear(4, 4).to(torch.bfloat16), device=torch.device("cpu"))
+    plain = types.SimpleNamespace(
+        model=torch.nn.Linear(4, 4).to(torch.bfloat16), device=torch.device("cpu"), compiled=None
+    )
     packed = types.SimpleNamespace(
-        model=torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.bfloat16)), device=plain.device
+        model=torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.bfloat16)), device=plain.device, compiled=None
     )
     pack_linears(packed.model)
     assert cost.load_or_calibrate(plain, tmp_path / "ckpt").points == {1: {1: 1.0}}

@@ -112,7 +112,7 @@ def test_a_cost_measured_at_other_threads_is_measured_again(monkeypatch, tmp_pat
         return ForwardCost({1: {1: float(measured[-1])}})
 
     monkeypatch.setattr("bdcore.decode.policy.cost.calibrate", fake_calibrate)
-    runner = types.SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"))
+    runner = types.SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"), compiled=None)
     (tmp_path / "ckpt").mkdir()
     threads = torch.get_num_threads()
     try:
@@ -139,13 +139,15 @@ def test_a_cost_measured_by_other_decode_code_is_measured_again(monkeypatch, tmp
     monkeypatch.setattr(
         cost, "calibrate", lambda runner: measured.append(1) or ForwardCost({1: {1: float(len(measured))}})
     )
-    runner = types.SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"))
+    runner = types.SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"), compiled=None)
     (tmp_path / "ckpt").mkdir()
     first = load_or_calibrate(runner, tmp_path / "ckpt").points
     assert load_or_calibrate(runner, tmp_path / "ckpt").points == first and len(measured) == 1
     assert len(cost.code_stamp()) == 12
     monkeypatch.setattr(cost, "code_stamp", lambda: "other code")
     assert load_or_calibrate(runner, tmp_path / "ckpt").points == {1: {1: 2.0}}, "measured again for the new code"
+    runner.compiled = object()  # the decode step compiled (bdcore/decode/compiled_step.py): another cost
+    assert load_or_calibrate(runner, tmp_path / "ckpt").points == {1: {1: 3.0}}, "measured again, compiled"
 
 
 def test_calibration_times_forwards_by_rows(checkpoint):

@@ -117,11 +117,13 @@ def test_request_limits_reach_the_native_server(monkeypatch):
     monkeypatch.setattr(server, "serve_app", lambda app, **k: True)
     assert serve.main(["m", "--mode", "causal", "--backend", "native"]) == 0
     assert made[-1]["max_request_bytes"] == 4 * 2**20 and made[-1]["allow_client_chat_template"] is False
+    assert made[-1]["compiled"] is False, "eager unless --compile"
     argv = ["m", "--mode", "causal", "--backend", "native", "--max-request-bytes", "1000"]
     assert serve.main([*argv, "--allow-client-chat-template"]) == 0
     assert made[-1]["max_request_bytes"] == 1000 and made[-1]["allow_client_chat_template"] is True
+    assert serve.main([*argv, "--compile"]) == 0 and made[-1]["compiled"] is True
     out = serve.build_parser().format_help()
-    assert "--max-request-bytes" in out and "--allow-client-chat-template" in out
+    assert "--max-request-bytes" in out and "--allow-client-chat-template" in out and "--compile" in out
 
 
 def test_native_self_spec_chooses_its_layout_by_default_and_sglang_drafts_fixed(monkeypatch, capsys, tmp_path):

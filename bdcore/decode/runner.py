@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from bdcore.decode.compiled_step import CompiledModels, compile_works
 from bdcore.decode.gated_delta_layers import DecodePlan, patch_for_decode
 from bdcore.decode.kv_slab import BatchSlab, offsets_index
 from bdcore.decode.rows import Forward, decode_mask
@@ -47,6 +48,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.serving_only = False  # set by the engine: see _no_autograd
         self._twin = None  # the base modules of a served draft-adapter model (`_model_for`), made on first use
+        self.compiled: CompiledModels | None = None  # set by `compile_decode`: decode forwards run compiled
         self.slab = BatchSlab()  # the caches of the sequences decoding together
         from transformers import DynamicCache
 
@@ -153,10 +155,11 @@ class ModelRunner:
             rows = op.rows.drafting()
             drafts = drafts or any(rows)
             drafting[b, : len(op.rows.stream)] = torch.tensor(rows, device=dev)
+        model = self._model_for(drafts)
+        if self.compiled is not None and L and not drafts and not self.hybrid:  # a decode step (compiled_step.py)
+            model = self.compiled(model)
         with draft_rows(self.model, drafting):
-            out = self._model_for(drafts)(
-                input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=kv, use_cache=True
-            )
+            out = model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=kv, use_cache=True)
         for b, (cache, op) in enumerate(batch):
             if L:  # every sequence of a forward without a prompt has a cache: its rows were written in its room
                 cache.keep(lengths[b] + op.keep)
@@ -169,6 +172,12 @@ class ModelRunner:
         if seats is not None and seats != sorted(seats):  # back to the caller's order
             return out.logits[torch.tensor(seats, device=dev)]
         return out.logits
+
+    def compile_decode(self) -> None:
+        """Run decode forwards compiled from now on (`compiled_step.py`); a clear error where it cannot be here."""
+        if (why := compile_works()) is not None:
+            raise RuntimeError(f"cannot compile the decode step: {why}; serve without --compile")
+        self.compiled = CompiledModels()
 
     def _model_for(self, drafts: bool):
         """The model to run a forward on: a served draft-adapter model's base modules (`base_twin`) where no row

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bdcore.decode.compiled_step import warm_up
 from bdcore.decode.config import AUTO, DecodeConfig, ResolvedDecode
 from bdcore.decode.driver import DecodeDriver, DecodeLoop
 from bdcore.decode.modes import Decoder, make_decoder
@@ -96,9 +97,17 @@ class TextOutput(AnswerTokens):
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, decode: DecodeConfig | None = None, *, cost: ForwardCost | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        decode: DecodeConfig | None = None,
+        *,
+        cost: ForwardCost | None = None,
+        compiled: bool = False,
+    ):
         """`cost`: the forward cost by rows and batch for `draft_len`/`self_spec_canvases` "auto" (default: measured on
-        this model and device at the first such request, or now when `decode` is auto; cached on disk)."""
+        this model and device at the first such request, or now when `decode` is auto; cached on disk). `compiled`:
+        decode steps run compiled (`bdcore.decode.compiled_step`), their graphs compiled now (`compile_seconds`)."""
         self.loaded = loaded
         self.decode = decode or DecodeConfig()
         # The default settings are every request's unless it picks a mode: resolve them now, so that a bad one
@@ -107,6 +116,10 @@ class Engine:
         self.default_resolved = self._resolve(self.decode)
         self.runner = ModelRunner.for_checkpoint(loaded.model, loaded.capabilities)
         self.runner.serving_only = True  # nothing trains the engine's model: its forwards run in inference mode
+        self.compile_seconds = None
+        if compiled:  # before the cost model is measured, so that it prices the compiled step
+            self.runner.compile_decode()
+            self.compile_seconds = warm_up(self.runner)
         self.driver = DecodeDriver(self.runner, Speculation(cost, prior=loaded.draft_prior) if cost else None)
         self._calibrating = threading.Lock()
         d = self.decode

@@ -36,6 +36,7 @@ def create_app(
     max_request_bytes: int = SERVER.max_request_bytes,
     allow_client_chat_template: bool = False,
     chat_template_timeout: float = SERVER.chat_template_timeout_s,
+    compiled: bool = False,
 ) -> FastAPI:
     state = ServerState.build(
         loaded,
@@ -46,6 +47,7 @@ def create_app(
         max_request_bytes=max_request_bytes,
         allow_client_chat_template=allow_client_chat_template,
         chat_template_timeout=chat_template_timeout,
+        compiled=compiled,
     )
     if state.chars_per_token is None:
         log.warning(

@@ -46,10 +46,13 @@ class ServerState:
         max_request_bytes: int,
         allow_client_chat_template: bool,
         chat_template_timeout: float,
+        compiled: bool = False,
     ) -> ServerState:
         floor = RequestFloor.of(loaded.model.config, next(loaded.model.parameters()).dtype)
         _check_smallest_requests_fit(loaded, decode, floor)
-        engine = Engine(loaded, decode)
+        engine = Engine(loaded, decode, compiled=compiled)
+        if engine.compile_seconds is not None:  # serve.py's start-up report, beside "serving ... at"
+            print(f"decode step compiled in {engine.compile_seconds:.0f} s (inductor's disk cache: less next start)")
         if _serves_auto_self_spec(loaded):
             # The self-spec cost model is measured here, on the thread that loaded the model and will decode
             # (serve.py's main thread). Measured at a request's first `auto`, it ran on that request's thread,

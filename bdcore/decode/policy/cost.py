@@ -225,16 +225,23 @@ def code_stamp() -> str:
     return hashlib.sha1(b"".join(f.read_bytes() for f in files)).hexdigest()[:12]
 
 
-def cache_key(checkpoint: str | os.PathLike, device: torch.device, dtype: torch.dtype, packed: bool = False) -> str:
+def cache_key(
+    checkpoint: str | os.PathLike,
+    device: torch.device,
+    dtype: torch.dtype,
+    packed: bool = False,
+    compiled: bool = False,
+) -> str:
     """One measurement per checkpoint (its path and config time), device, dtype, packed weights or not
-    (`bdcore.decode.packed_linear`), torch, thread count and decode code (`code_stamp`)."""
+    (`bdcore.decode.packed_linear`), decode step compiled or not (`compiled_step`), torch, thread count and
+    decode code (`code_stamp`)."""
     path = Path(checkpoint).resolve()
     config = path / "config.json"
     stamp = config.stat().st_mtime_ns if config.is_file() else 0
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu{os.cpu_count()}"
     threads = torch.get_num_threads()
     shapes = f"{SIZES}|{BATCHES}|{CONTEXT}|{SHAPE}"
-    weights = "packed|" if packed else ""
+    weights = ("packed|" if packed else "") + ("compiled|" if compiled else "")
     text = f"{path}|{stamp}|{name}|{dtype}|{weights}{torch.__version__}|{threads}|{shapes}|{code_stamp()}"
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
@@ -246,7 +253,8 @@ def cache_dir() -> Path:
 def load_or_calibrate(runner, checkpoint, *, progress=None) -> ForwardCost:
     """The cached measurement for this checkpoint and device, or a new one (written to the cache)."""
     dtype = next(runner.model.parameters()).dtype
-    path = cache_dir() / f"{cache_key(checkpoint, runner.device, dtype, is_packed(runner.model))}.json"
+    key = cache_key(checkpoint, runner.device, dtype, is_packed(runner.model), runner.compiled is not None)
+    path = cache_dir() / f"{key}.json"
     if path.is_file():
         try:
             return ForwardCost.from_dict(json.loads(path.read_text())["seconds"])

@@ -1,0 +1,72 @@
+"""The decode step compiled: the runner's decode forwards through `torch.compile` (inductor), eager otherwise.
+
+An eager decode step on a small model is mostly not its matmuls: on SmolLM2-135M (bf16, a 2-core AMD EPYC
+with AVX2) a one-row forward took 57 ms, of which the linears were 24 ms and the rest per-op dispatch,
+Python and small ops (norms, rotary, masks, reshapes) that inductor fuses; compiled, 33 ms. So the forwards
+that decode (every sequence has a cache: causal steps, and self-spec forwards that run no drafting row) go
+through the model compiled once with dynamic shapes (`dynamic=True`: the cache length, the rows and the
+batch are symbols, so a growing context does not recompile; torch specialises sizes of 1, so a batch of one
+and a batch of many, one row and many, are separate graphs, compiled when first met). Prompts (a whole
+prompt's rows, once a request) and forwards with drafting rows (a draft adapter's LoRA gated per row) stay
+eager, as do hybrid models (their gated-delta layers run sequence by sequence in Python).
+
+The compiled forward computes what the eager one does, in another summation order: logits equal to a
+rounding (fp32 within 1e-4 on the test models, greedy tokens the same); tests/test_compiled_step.py holds
+it to the eager runner. Inductor keeps its compiled kernels in its on-disk cache (TORCHINDUCTOR_CACHE_DIR,
+default under the system temp folder), so a second start skips most of the compile.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import time
+
+import torch
+
+# The graphs a served decode meets first: one sequence one row (a causal step) and many sequences one row
+# each (causal steps of requests decoding together); `warm_up` compiles them before the first request.
+WARM_BATCHES = (1, 2)
+
+
+@functools.cache
+def compile_works() -> str | None:
+    """Why the decode step cannot be compiled here, or None: inductor on a CPU writes C++ and needs a compiler."""
+    if not hasattr(torch, "compile"):
+        return "this torch has no torch.compile"
+    if shutil.which("g++") is None and shutil.which("c++") is None and shutil.which("clang++") is None:
+        return "inductor needs a C++ compiler on the CPU and none is on PATH (apt install g++)"
+    return None
+
+
+class CompiledModels:
+    """The compiled form of each module the runner forwards (the model, and a served draft adapter's base
+    twin), made on first use; `torch.compile` wraps the module without changing it."""
+
+    def __init__(self):
+        self._compiled: dict[int, tuple[torch.nn.Module, object]] = {}
+
+    def __call__(self, module: torch.nn.Module):
+        entry = self._compiled.get(id(module))
+        if entry is None or entry[0] is not module:
+            entry = self._compiled[id(module)] = (module, torch.compile(module, dynamic=True))
+        return entry[1]
+
+
+def warm_up(runner, *, context: int = 16, steps: int = 3) -> float:
+    """Compile the decode graphs of `WARM_BATCHES` now (a few causal steps over throwaway caches) and return
+    the seconds it took: the server pays it at start, not in its first requests."""
+    from bdcore.decode.rows import Forward, Rows
+    from bdcore.decode.sequence import SequenceCache
+
+    start = time.perf_counter()
+    vocab = runner.model.config.vocab_size
+    tokens = [(7 * i + 3) % vocab for i in range(context + steps)]
+    for batch in WARM_BATCHES:
+        # caches of different lengths, as requests decoding together have (each writes after its own tokens)
+        caches = [(SequenceCache(), context - b) for b in range(batch)]
+        runner.forward([(cache, Forward(Rows().clean(tokens[:n], 0), n)) for cache, n in caches])
+        for step in range(steps):  # the second step on: the graph with the cache length a symbol
+            ops = [Forward(Rows().clean(tokens[n + step : n + step + 1], n + step), 1) for _, n in caches]
+            runner.forward([(cache, op) for (cache, _), op in zip(caches, ops)])
+    return time.perf_counter() - start

@@ -1,0 +1,137 @@
+"""The compiled decode step (`bdcore.decode.compiled_step`, `ModelRunner.compile_decode`): decode forwards run
+through inductor and compute what the eager runner computes (fp32: logits within 1e-4, greedy tokens the same),
+for one sequence and for sequences of different lengths decoding together; prompts, drafting forwards and hybrid
+models stay eager; a machine that cannot compile says so and how to serve anyway. Compiling a tiny model takes
+about 25 s a graph on a 2-core CPU (two graphs here: a batch of one and a batch of many)."""
+
+import pytest
+import torch
+
+import bdcore.decode.runner as runner_module
+from bdcore.decode.compiled_step import CompiledModels, compile_works
+from bdcore.decode.rows import Forward, Rows
+from bdcore.decode.runner import ModelRunner
+from bdcore.decode.sampling import SamplingParams
+from bdcore.decode.sequence import SequenceCache
+from bdcore.loading import load_checkpoint
+from benchmark.tiny import draft_checkpoint, tiny_checkpoint, tiny_hybrid_model, tiny_model
+from inference.native.engine import Engine
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(compile_works() is not None, reason=f"cannot compile here: {compile_works()}"),
+]
+PROMPTS = [[5, 9, 14, 3, 7, 22, 8, 11, 30], [4, 17, 2, 9, 40], [12, 6, 31, 25, 19, 7, 2]]
+STEPS = 8
+
+
+def greedy(runner: ModelRunner, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Greedy decoding of `prompts` together through `runner`: the tokens per sequence and every step's logits."""
+    caches = [SequenceCache() for _ in prompts]
+    tokens = [list(p) for p in prompts]
+    logits = runner.forward([(c, Forward(Rows().clean(p, 0), len(p))) for c, p in zip(caches, prompts)])
+    seen = []
+    for _ in range(steps):
+        for seq, row in zip(tokens, logits):
+            seq.append(int(row[-1].argmax()))
+        ops = [Forward(Rows().clean(seq[-1:], len(seq) - 1), 1) for seq in tokens]
+        logits = runner.forward(list(zip(caches, ops)))
+        seen.append(torch.stack([row[-1] for row in logits]))
+    return tokens, seen
+
+
+@pytest.fixture(scope="module")
+def inductor_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("inductor")
+
+
+@pytest.fixture(autouse=True)
+def _one_inductor_cache(inductor_cache, monkeypatch):
+    """The module's compiles share inductor's disk cache (each test's temp folder would be a cold one):
+    the engine's tiny Llama compiles the graphs the runner tests already compiled."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache))
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """One tiny Llama for the module: its graphs, compiled once, serve the runner's tests and the engine's."""
+    directory = tiny_checkpoint(tmp_path_factory.mktemp("compiled") / "ckpt", arch="llama", seed=3)
+    return load_checkpoint(directory, device="cpu", dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def model(loaded):
+    return loaded.model
+
+
+@pytest.fixture(scope="module")
+def compiled(model):
+    runner = ModelRunner(model, banned=None)
+    runner.serving_only = True
+    runner.compile_decode()
+    return runner
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["one sequence", "three decoding together"])
+def test_compiled_decode_computes_what_the_eager_runner_computes(model, compiled, prompts):
+    eager = ModelRunner(model, banned=None)
+    eager.serving_only = True
+    want_tokens, want = greedy(eager, prompts, STEPS)
+    got_tokens, got = greedy(compiled, prompts, STEPS)
+    assert got_tokens == want_tokens
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_only_decode_steps_run_compiled_and_the_model_itself_is_not_changed(model, compiled, monkeypatch):
+    calls = []
+    real = CompiledModels.__call__
+    monkeypatch.setattr(CompiledModels, "__call__", lambda self, m: calls.append(m) or real(self, m))
+    greedy(compiled, PROMPTS[:2], 3)
+    assert calls == [model] * 3, "the prompt forward runs eager, each of the 3 decode steps compiled"
+    assert "forward" not in vars(model)
+    assert not any(isinstance(m, torch._dynamo.OptimizedModule) for m in model.modules())
+
+
+def test_the_engine_compiled_at_start_answers_as_the_eager_engine(loaded):
+    """`serve.py --compile`: the engine compiles its decode graphs before the first request (`warm_up`)."""
+    params = SamplingParams(max_tokens=12)
+    prompt = loaded.tokenizer("the cat sat on")["input_ids"]
+    want = Engine(loaded).generate(prompt, params)
+    engine = Engine(loaded, compiled=True)
+    assert engine.compile_seconds is not None and engine.runner.compiled is not None
+    got = engine.generate(prompt, params)
+    assert (got.tokens, got.text) == (want.tokens, want.text) and len(got.tokens) == 12
+
+
+def test_a_hybrid_model_decodes_eager_with_compile_on(monkeypatch):
+    runner = ModelRunner(tiny_hybrid_model(seed=1), banned=None)
+    runner.serving_only = True
+    runner.compile_decode()
+    monkeypatch.setattr(CompiledModels, "__call__", lambda self, m: pytest.fail("a hybrid forward was compiled"))
+    tokens, _ = greedy(runner, PROMPTS[:1], 2)
+    assert len(tokens[0]) == len(PROMPTS[0]) + 2
+
+
+def test_a_forward_with_drafting_rows_runs_eager(tmp_path, monkeypatch):
+    loaded = load_checkpoint(draft_checkpoint(tmp_path / "ckpt"), device="cpu", dtype="fp32")
+    runner = ModelRunner.for_checkpoint(loaded.model, loaded.capabilities)
+    runner.serving_only = True
+    runner.compile_decode()
+    prompt = PROMPTS[0]
+    cache = SequenceCache()
+    runner.forward([(cache, Forward(Rows().clean(prompt, 0), len(prompt)))])
+    monkeypatch.setattr(CompiledModels, "__call__", lambda self, m: pytest.fail("a drafting forward was compiled"))
+    n = len(prompt)
+    rows = Rows().clean([7], n).canvas([7, 9, 9, 9], n + 1)  # a verify row, then a drafting canvas
+    assert any(rows.drafting())
+    (logits,) = runner.forward([(cache, Forward(rows, 1))])
+    assert logits.shape[0] == len(rows.tokens)
+
+
+def test_a_machine_that_cannot_compile_says_why_and_how_to_serve(monkeypatch):
+    monkeypatch.setattr(runner_module, "compile_works", lambda: "no C++ compiler (apt install g++)")
+    runner = ModelRunner(tiny_model("llama"), banned=None)
+    with pytest.raises(RuntimeError, match=r"no C\+\+ compiler.*without --compile"):
+        runner.compile_decode()
+    assert runner.compiled is None
