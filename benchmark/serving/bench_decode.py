@@ -56,9 +56,13 @@ def load_prompts(path: str, num: int) -> list[tuple[list[dict], str | None]]:
 
 
 def start_server(ckpt: str, port: int, extra: list[str]) -> subprocess.Popen:
+    """serve.py on `ckpt`, once its /health answers: within 2 minutes, or 15 with `--compile` (its decode graphs
+    compile at start: minutes on a small CPU)."""
     cmd = [sys.executable, str(REPO / "inference" / "serve.py"), ckpt, "--mode", "causal", "--port", str(port), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    for _ in range(600):
+    wait_s = 900 if "--compile" in extra else 120
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
             return proc
@@ -67,7 +71,7 @@ def start_server(ckpt: str, port: int, extra: list[str]) -> subprocess.Popen:
                 raise SystemExit(f"server exited: {proc.stderr.read()[-2000:]}") from None
             time.sleep(0.2)
     proc.kill()
-    raise SystemExit("server did not come up in 120 s")
+    raise SystemExit(f"server did not come up in {wait_s} s")
 
 
 @dataclass
