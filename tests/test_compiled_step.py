@@ -84,11 +84,18 @@ def test_compiled_decode_computes_what_the_eager_runner_computes(model, compiled
 
 
 def test_only_decode_steps_run_compiled_and_the_model_itself_is_not_changed(model, compiled, monkeypatch):
-    calls = []
+    calls, ran = [], []
     real = CompiledModels.__call__
-    monkeypatch.setattr(CompiledModels, "__call__", lambda self, m: calls.append(m) or real(self, m))
+
+    def recorded(self, m):
+        calls.append(m)
+        ran.append(real(self, m))
+        return ran[-1]
+
+    monkeypatch.setattr(CompiledModels, "__call__", recorded)
     greedy(compiled, PROMPTS[:2], 3)
     assert calls == [model] * 3, "the prompt forward runs eager, each of the 3 decode steps compiled"
+    assert all(isinstance(m, torch._dynamo.OptimizedModule) and m._orig_mod is model for m in ran)
     assert "forward" not in vars(model)
     assert not any(isinstance(m, torch._dynamo.OptimizedModule) for m in model.modules())
 

@@ -32,9 +32,7 @@ WARM_BATCHES = (1, 2)
 @functools.cache
 def compile_works() -> str | None:
     """Why the decode step cannot be compiled here, or None: inductor on a CPU writes C++ and needs a compiler."""
-    if not hasattr(torch, "compile"):
-        return "this torch has no torch.compile"
-    if shutil.which("g++") is None and shutil.which("c++") is None and shutil.which("clang++") is None:
+    if not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")):
         return "inductor needs a C++ compiler on the CPU and none is on PATH (apt install g++)"
     return None
 
@@ -44,13 +42,12 @@ class CompiledModels:
     twin), made on first use; `torch.compile` wraps the module without changing it."""
 
     def __init__(self):
-        self._compiled: dict[int, tuple[torch.nn.Module, object]] = {}
+        self._compiled: dict[torch.nn.Module, torch.nn.Module] = {}  # modules hash by identity
 
-    def __call__(self, module: torch.nn.Module):
-        entry = self._compiled.get(id(module))
-        if entry is None or entry[0] is not module:
-            entry = self._compiled[id(module)] = (module, torch.compile(module, dynamic=True))
-        return entry[1]
+    def __call__(self, module: torch.nn.Module) -> torch.nn.Module:
+        if module not in self._compiled:
+            self._compiled[module] = torch.compile(module, dynamic=True)
+        return self._compiled[module]
 
 
 def warm_up(runner, *, context: int = 16, steps: int = 3) -> float:
