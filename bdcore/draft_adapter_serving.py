@@ -110,6 +110,77 @@ def prepare_serving(model) -> None:
             start += a.shape[0]
 
 
+class _DraftingProjection(torch.nn.Module):
+    """An adapted projection in a drafting twin (`DraftingTwin`): the base layer at every row plus the served
+    LoRA term times the row's gate (1 at drafting rows, 0 elsewhere). It computes the term at every row of the
+    forward, which costs nothing that matters at a decode step's few rows, so the forward holds no
+    data-dependent branch or index and compiles into one graph; a non-drafting row adds an exact zero, so it
+    is the base projection's output (to the compiled forward's own rounding, as a compiled causal step is)."""
+
+    def __init__(self, served: _ServedProjection, gate: torch.Tensor):
+        super().__init__()
+        self.base = served.base
+        a = served.group.a[:, served.columns].contiguous()
+        self.register_buffer("a", a, persistent=False)  # [in, r]
+        self.register_buffer("b", served.b, persistent=False)  # [r, out], scaled
+        self.register_buffer("gate", gate, persistent=False)  # one tensor shared by every projection of the twin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result = self.base(x)
+        flat = x.reshape(-1, x.shape[-1])
+        delta = torch.mm(torch.mm(flat.to(self.a.dtype), self.a), self.b) * self.gate[: flat.shape[0]]
+        return torch.add(result, delta.view_as(result)).to(result.dtype)  # added in the factors' dtype, as served
+
+
+class DraftingTwin:
+    """A served draft-adapter model's module tree for compiled drafting forwards: each adapted projection's place
+    taken by a `_DraftingProjection` over its served factors, every other module shared with the model (as
+    `base_twin`). Which rows draft is a tensor the twin's projections read (`gate`, written by `set_rows`
+    before each forward), not the Python-side plan of the served path, so the compiler sees one graph whatever
+    rows draft. A forward of more rows than the gate holds runs the model itself (`set_rows` says False)."""
+
+    ROWS = 4096  # rows (batch x rows) a drafting forward may have; a decode step's are tens
+
+    def __init__(self, model):
+        projections = [m for m in model.modules() if m.__dict__.get(SERVED_ATTR) is not None]
+        if not projections:
+            raise ValueError("a drafting twin needs a served draft adapter: call prepare_serving(model) first")
+        first = projections[0].__dict__[SERVED_ATTR]
+        self.gate = torch.zeros(self.ROWS, 1, dtype=first.b.dtype, device=first.b.device)
+        self.module = _tree_with(model, lambda m: _DraftingProjection(m.__dict__[SERVED_ATTR], self.gate))
+
+    def set_rows(self, rows: torch.Tensor) -> bool:
+        """Gate the next forward's rows (bool [B, Q]); False where it has more rows than the gate holds."""
+        n = rows.numel()
+        if n > self.ROWS:
+            return False
+        self.gate[:n, 0] = rows.reshape(-1)
+        return True
+
+
+def _tree_with(model, replace):
+    """`model`'s module tree with each adapted projection (a served one, or with `replace` None any LoRA one)
+    replaced by `replace(module)`, or by its base layer where `replace` is None; every other module a shallow
+    copy sharing its parameters, buffers and hooks."""
+
+    def twin(module):
+        if hasattr(module, "lora_A") and ADAPTER_NAME in module.lora_A and hasattr(module, "base_layer"):
+            if replace is None:
+                return module.base_layer
+            if module.__dict__.get(SERVED_ATTR) is not None:
+                return replace(module)
+        clone = copy.copy(module)  # shares the parameter, buffer and hook dicts
+        clone._modules = {name: None if child is None else twin(child) for name, child in module._modules.items()}
+        return clone
+
+    return twin(model)
+
+
+def is_served(model) -> bool:
+    """Whether `prepare_serving` gave `model`'s adapted projections their served path."""
+    return any(m.__dict__.get(SERVED_ATTR) is not None for m in model.modules())
+
+
 def base_twin(model):
     """`model`'s module tree with each adapted projection's place taken by its base layer, sharing every
     parameter, buffer and hook (only the tree is new): a forward in which no row drafts (a causal step, a
@@ -119,14 +190,7 @@ def base_twin(model):
     bound to a module instance (the gated-delta layers' decode forward) still name the original: bind them
     to the twin's modules again."""
 
-    def twin(module):
-        if hasattr(module, "lora_A") and ADAPTER_NAME in module.lora_A and hasattr(module, "base_layer"):
-            return module.base_layer
-        clone = copy.copy(module)  # shares the parameter, buffer and hook dicts
-        clone._modules = {name: None if child is None else twin(child) for name, child in module._modules.items()}
-        return clone
-
-    return twin(model)
+    return _tree_with(model, None)
 
 
 def truncate_adapter(model, energy: float) -> dict[str, int]:

@@ -1,8 +1,9 @@
 """The compiled decode step (`bdcore.decode.compiled_step`, `ModelRunner.compile_decode`): decode forwards run
 through inductor and compute what the eager runner computes (fp32: logits within 1e-4, greedy tokens the same),
-for one sequence and for sequences of different lengths decoding together; prompts, drafting forwards and hybrid
-models stay eager; a machine that cannot compile says so and how to serve anyway. Compiling a tiny model takes
-about 25 s a graph on a 2-core CPU (two graphs here: a batch of one and a batch of many)."""
+for one sequence and for sequences of different lengths decoding together; a served draft adapter's drafting
+forwards run compiled on its drafting twin; prompts and hybrid models stay eager; a machine that cannot compile
+says so and how to serve anyway. Compiling a tiny model takes about 25 s a graph on a 2-core CPU (a batch of
+one and a batch of many, causal and drafting)."""
 
 import pytest
 import torch
@@ -10,10 +11,12 @@ from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metri
 
 import bdcore.decode.runner as runner_module
 from bdcore.decode.compiled_step import CompiledModels, compile_works
+from bdcore.decode.config import DecodeConfig
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
 from bdcore.decode.sequence import SequenceCache
+from bdcore.draft_adapter_serving import DraftingTwin
 from bdcore.loading import load_checkpoint
 from benchmark.tiny import draft_checkpoint, tiny_checkpoint, tiny_hybrid_model, tiny_model
 from inference.native.engine import Engine
@@ -127,20 +130,85 @@ def test_a_hybrid_model_decodes_eager_with_compile_on(monkeypatch):
     assert len(tokens[0]) == len(PROMPTS[0]) + 2
 
 
-def test_a_forward_with_drafting_rows_runs_eager(tmp_path, monkeypatch):
-    loaded = load_checkpoint(draft_checkpoint(tmp_path / "ckpt"), device="cpu", dtype="fp32")
-    runner = ModelRunner.for_checkpoint(loaded.model, loaded.capabilities)
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory):
+    """A tiny Qwen3 with a served draft-only adapter (random, rank 4), fp32."""
+    return load_checkpoint(draft_checkpoint(tmp_path_factory.mktemp("drafter") / "ckpt"), device="cpu", dtype="fp32")
+
+
+def drafting_steps(runner: ModelRunner, prompts: list[list[int]]) -> list[list[torch.Tensor]]:
+    """Self-spec-shaped forwards of `prompts` together: the prompts, then steps of 1 or 2 verify rows and a
+    canvas of 4 drafting slots after them (the canvas not kept); every forward's logits per sequence."""
+    caches = [SequenceCache() for _ in prompts]
+    seen = [runner.forward([(c, Forward(Rows().clean(p, 0), len(p))) for c, p in zip(caches, prompts)])]
+    ends = [len(p) for p in prompts]
+    for step in range(4):
+        ops = []
+        for b, n in enumerate(ends):
+            clean = [7 + b, 3][: 1 + (step + b) % 2]  # sequences of one forward verify different counts
+            ops.append(Forward(Rows().clean(clean, n).canvas([9, 4, 4, 4], n + len(clean)), len(clean)))
+            ends[b] += len(clean)
+        seen.append(runner.forward(list(zip(caches, ops))))
+    return seen
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS[:2]], ids=["one sequence", "two decoding together"])
+def test_drafting_forwards_run_compiled_on_the_drafting_twin_as_the_eager_runner(drafter, prompts, monkeypatch):
+    """A served draft adapter's drafting forwards run its drafting twin compiled (the LoRA at the gated rows only):
+    verify rows and drafting rows computed as eagerly (fp32 within 1e-4, the same greedy tokens)."""
+    eager = ModelRunner.for_checkpoint(drafter.model, drafter.capabilities)
+    eager.serving_only = True
+    want = drafting_steps(eager, prompts)
+    runner = ModelRunner.for_checkpoint(drafter.model, drafter.capabilities)
     runner.serving_only = True
     runner.compile_decode()
+    calls, real = [], CompiledModels.__call__
+    monkeypatch.setattr(CompiledModels, "__call__", lambda self, m: calls.append(m) or real(self, m))
+    got = drafting_steps(runner, prompts)
+    assert runner._drafter is not None and calls == [runner._drafter.module] * 4, "the prompts eager, 4 steps compiled"
+    for step_got, step_want in zip(got[1:], want[1:]):
+        for g, w in zip(step_got, step_want):
+            finite = torch.isfinite(w)  # <|mask|> is banned: -inf in both
+            assert torch.equal(finite, torch.isfinite(g))
+            torch.testing.assert_close(g[finite], w[finite], atol=1e-4, rtol=1e-4)
+            assert torch.equal(g.argmax(-1), w.argmax(-1))
+
+
+def test_drafting_forwards_run_eager_where_the_twin_cannot_take_them(drafter, monkeypatch):
+    """A runner whose model also trains (rollouts: no served path) and a forward of more rows than the twin's
+    gate holds run drafting forwards eager, and compute what they compute eager."""
+    monkeypatch.setattr(CompiledModels, "__call__", lambda self, m: pytest.fail("a drafting forward was compiled"))
+    training = ModelRunner.for_checkpoint(drafter.model, drafter.capabilities)
+    training.compile_decode()
     prompt = PROMPTS[0]
     cache = SequenceCache()
-    runner.forward([(cache, Forward(Rows().clean(prompt, 0), len(prompt)))])
-    monkeypatch.setattr(CompiledModels, "__call__", lambda self, m: pytest.fail("a drafting forward was compiled"))
-    n = len(prompt)
-    rows = Rows().clean([7], n).canvas([7, 9, 9, 9], n + 1)  # a verify row, then a drafting canvas
-    assert any(rows.drafting())
-    (logits,) = runner.forward([(cache, Forward(rows, 1))])
-    assert logits.shape[0] == len(rows.tokens)
+    training.forward([(cache, Forward(Rows().clean(prompt, 0), len(prompt)))])
+    (logits,) = training.forward([(cache, Forward(Rows().clean([7], 9).canvas([9, 4, 4], 10), 1))])
+    assert logits.shape[0] == 4 and training._drafter is None
+    monkeypatch.setattr(DraftingTwin, "ROWS", 3)
+    serving = ModelRunner.for_checkpoint(drafter.model, drafter.capabilities)
+    serving.serving_only = True
+    serving.compile_decode()
+    want = drafting_steps(ModelRunner.for_checkpoint(drafter.model, drafter.capabilities), PROMPTS[:1])
+    got = drafting_steps(serving, PROMPTS[:1])
+    for (g,), (w,) in zip(got, want):
+        assert torch.equal(g, w)
+
+
+def test_a_self_spec_engine_compiles_its_drafting_graphs_at_start(drafter):
+    """`serve.py --mode self-spec --compile` on a draft adapter: the warm-up compiles the drafting twin's graphs
+    too, so a request compiles nothing, and its answer is the eager engine's (fp32 greedy: the base model's)."""
+    params, decode = SamplingParams(max_tokens=16), DecodeConfig(mode="self-spec", draft_len=4)
+    prompt = drafter.tokenizer("12 34 56")["input_ids"]  # 16 tokens without a stop on this model
+    want = Engine(drafter, decode).generate(prompt, params)
+    torch._dynamo.reset()
+    engine = Engine(drafter, decode, compiled=True)
+    assert engine.runner._drafter is not None, "the warm-up ran drafting forwards"
+    clear_compilation_metrics()
+    got = engine.generate(prompt, params)
+    assert get_compilation_metrics() == [], "the request compiled a graph the warm-up left out"
+    assert got.tokens == want.tokens and len(got.tokens) == 16
+    assert got.stats.verify_steps > 0
 
 
 def test_a_machine_that_cannot_compile_says_why_and_how_to_serve(monkeypatch):

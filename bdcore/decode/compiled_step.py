@@ -3,12 +3,14 @@
 An eager decode step on a small model is mostly not its matmuls: on SmolLM2-135M (bf16, a 2-core AMD EPYC
 with AVX2) a one-row forward took 57 ms, of which the linears were 24 ms and the rest per-op dispatch,
 Python and small ops (norms, rotary, masks, reshapes) that inductor fuses; compiled, 33 ms. So the forwards
-that decode (every sequence has a cache: causal steps, and self-spec forwards that run no drafting row) go
-through the model compiled once with dynamic shapes (`dynamic=True`: the cache length, the rows and the
+that decode (every sequence has a cache: causal steps and self-spec steps) go through the model compiled once
+with dynamic shapes (`dynamic=True`: the cache length, the rows and the
 batch are symbols, so a growing context does not recompile; torch specialises sizes of 1, so a batch of one
 and a batch of many, one row and many, are separate graphs, compiled when first met). Prompts (a whole
-prompt's rows, once a request) and forwards with drafting rows (a draft adapter's LoRA gated per row) stay
-eager, as do hybrid models (their gated-delta layers run sequence by sequence in Python).
+prompt's rows, once a request) stay eager, as do hybrid models (their gated-delta layers run sequence by
+sequence in Python). A served draft adapter drafts through its drafting twin (`DraftingTwin`: the LoRA term at
+every row times a per-row gate tensor), since the served path's per-forward row plan is Python the compiler
+cannot hold in one graph.
 
 Floats are traced as constants (`specialize_float`): with `dynamic=True` dynamo otherwise traces the model's
 Python floats (norm epsilons, attention scaling) as symbols, which a later inductor pass turns back into
@@ -70,20 +72,28 @@ class CompiledModels:
         return self._compiled[module]
 
 
-def warm_up(runner, *, context: int = 16, steps: int = 3) -> float:
-    """Compile the decode graphs of `WARM_BATCHES` now (a few causal steps over throwaway caches) and return
-    the seconds it took: the server pays it at start, not in its first requests."""
+def warm_up(runner, *, drafting: bool = False, context: int = 16, steps: int = 3) -> float:
+    """Compile the decode graphs of `WARM_BATCHES` now (a few causal steps over throwaway caches; with `drafting`,
+    self-spec steps too: a verify row and a canvas) and return the seconds it took: the server pays it at
+    start, not in its first requests."""
     from bdcore.decode.rows import Forward, Rows
     from bdcore.decode.sequence import SequenceCache
 
     start = time.perf_counter()
     vocab = runner.model.config.vocab_size
-    tokens = [(7 * i + 3) % vocab for i in range(context + steps)]
-    for batch in WARM_BATCHES:
+    tokens = [(7 * i + 3) % vocab for i in range(context + 2 * steps + 4)]
+    kinds = ("causal", "drafting") if drafting else ("causal",)
+    for kind, batch in ((k, b) for k in kinds for b in WARM_BATCHES):
         # caches of different lengths, as requests decoding together have (each writes after its own tokens)
         caches = [(SequenceCache(), context - b) for b in range(batch)]
         runner.forward([(cache, Forward(Rows().clean(tokens[:n], 0), n)) for cache, n in caches])
         for step in range(steps):  # the second step on: the graph with the cache length a symbol
-            ops = [Forward(Rows().clean(tokens[n + step : n + step + 1], n + step), 1) for _, n in caches]
+            ops = []
+            for _, n in caches:
+                at = n + step
+                rows = Rows().clean(tokens[at : at + 1], at)
+                if kind == "drafting":  # a canvas after the verify row, whose length varies as self-spec's
+                    rows.canvas(tokens[at + 1 : at + 3 + step], at + 1)
+                ops.append(Forward(rows, 1))
             runner.forward([(cache, op) for (cache, _), op in zip(caches, ops)])
     return time.perf_counter() - start

@@ -29,7 +29,7 @@ from bdcore.decode.rows import Forward, decode_mask
 from bdcore.decode.sampling import ban
 from bdcore.decode.sequence import SequenceCache
 from bdcore.draft_adapter import draft_gate, draft_rows
-from bdcore.draft_adapter_serving import base_twin
+from bdcore.draft_adapter_serving import DraftingTwin, base_twin, is_served
 from bdcore.gated_delta import is_hybrid
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.serving_only = False  # set by the engine: see _no_autograd
         self._twin = None  # the base modules of a served draft-adapter model (`_model_for`), made on first use
+        self._drafter: DraftingTwin | None = None  # its compiled drafting forwards' modules (`_compiled_for`)
         self.compiled: CompiledModels | None = None  # set by `compile_decode`: decode forwards run compiled
         self.slab = BatchSlab()  # the caches of the sequences decoding together
         from transformers import DynamicCache
@@ -156,8 +157,8 @@ class ModelRunner:
             drafts = drafts or any(rows)
             drafting[b, : len(op.rows.stream)] = torch.tensor(rows, device=dev)
         model = self._model_for(drafts)
-        if self.compiled is not None and L and not drafts and not self.hybrid:  # a decode step (compiled_step.py)
-            model = self.compiled(model)
+        if self.compiled is not None and L and not self.hybrid:  # a decode step (compiled_step.py)
+            model = self._compiled_for(model, drafting if drafts else None)
         with draft_rows(self.model, drafting):
             out = model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=kv, use_cache=True)
         for b, (cache, op) in enumerate(batch):
@@ -178,6 +179,18 @@ class ModelRunner:
         if (why := compile_works()) is not None:
             raise RuntimeError(f"cannot compile the decode step: {why}; serve without --compile")
         self.compiled = CompiledModels()
+
+    def _compiled_for(self, model, drafting: torch.Tensor | None):
+        """The compiled forward of a decode step on `model`. Where rows draft (`drafting`) on a served draft
+        adapter, its drafting twin's (`DraftingTwin`, gated by a tensor the graph reads), or the eager model where
+        the twin cannot take the rows; a model without a draft adapter drafts with its own weights."""
+        if drafting is None or draft_gate(self.model) is None:
+            return self.compiled(model)
+        if self._drafter is None:
+            if not self.serving_only or not is_served(self.model):
+                return model
+            self._drafter = DraftingTwin(self.model)
+        return self.compiled(self._drafter.module) if self._drafter.set_rows(drafting) else model
 
     def _model_for(self, drafts: bool):
         """The model to run a forward on: a served draft-adapter model's base modules (`base_twin`) where no row

@@ -119,7 +119,8 @@ class Engine:
         self.compile_seconds = None
         if compiled:  # before the cost model is measured, so that it prices the compiled step
             self.runner.compile_decode()
-            self.compile_seconds = warm_up(self.runner)
+            # a self-spec server's drafting graphs too (a draft adapter's are its drafting twin's)
+            self.compile_seconds = warm_up(self.runner, drafting=self.default_resolved.mode == "self-spec")
         self.driver = DecodeDriver(self.runner, Speculation(cost, prior=loaded.draft_prior) if cost else None)
         self._calibrating = threading.Lock()
         d = self.decode
