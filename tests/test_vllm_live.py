@@ -49,6 +49,16 @@ def checkpoint(demo_kit, tmp_path_factory) -> Path:
     return run / "final"
 
 
+@pytest.fixture(scope="module")
+def adapted(checkpoint, demo_kit, tmp_path_factory) -> Path:
+    """A draft adapter trained over `checkpoint` (frozen): self-spec drafts with it, causal is `checkpoint`'s."""
+    run = tmp_path_factory.mktemp("vllm_live_adapter") / "run"
+    args = ["--model_id", str(checkpoint), "--dataset", str(demo_kit / "train.jsonl")]
+    args += ["--bd_size", "4", "--draft_adapter", "--lora_rank", "8", "--pack", "--max_length", "512"]
+    run_train([*args, "--max_steps", "60", "--lr", "3e-3", "--save_dir", str(run)])
+    return run / "final"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -137,10 +147,12 @@ def test_greedy_answers_and_the_chat_template_equal_the_native_engines(live, che
     assert len(answers) > 1  # the answers follow the prompts: equality is not that of one constant reply
 
 
-def test_self_spec_on_the_cpu_build_verifies_our_drafts_and_answers_as_causal(checkpoint, demo_kit, tmp_path):
+@pytest.mark.parametrize("kind", ["checkpoint", "adapted"], ids=["converted", "draft adapter"])
+def test_self_spec_on_the_cpu_build_verifies_our_drafts_and_answers_as_causal(kind, demo_kit, tmp_path, request):
     """serve.py --mode self-spec on the CPU build: stock vLLM verifying our proposer's drafts (N - 1 = 3 a step),
     its greedy answers the native engine's causal ones, and drafts accepted (drafts for the wrong positions
-    would almost never be)."""
+    would almost never be). A draft adapter drafts inside vLLM's worker (peft there), the base verifies."""
+    checkpoint = request.getfixturevalue(kind)
     want = _native_answers(checkpoint, demo_kit)
     with _serving(checkpoint, "self-spec", tmp_path / "serve.log", "--draft-len", "4") as url:
         client, model = _client(url), _model(url)
