@@ -48,10 +48,13 @@ class LoadedModel:
     capabilities: Capabilities = field(default_factory=lambda: Capabilities.from_sidecar(None))  # what it can run
 
 
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}  # the dtype names the loader takes
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+    return DTYPES[name]
 
 
 def cpu_has_bf16() -> bool:

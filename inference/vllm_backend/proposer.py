@@ -22,16 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from bdcore.decode.canvas_fill import CanvasFill
 from bdcore.decode.config import DecodeConfig
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sequence import SequenceCache
-
-# vLLM's model dtypes, as bdcore's loader names them
-DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 @dataclass
@@ -67,8 +62,9 @@ class SelfSpecDrafter:
         for row, tokens in contexts.items():
             state = self.rows.setdefault(row, _RowState())
             kept = common_prefix(state.tokens, tokens[:-1])
-            state.cache.crop(kept)
-            if kept == 0:
+            if kept:
+                state.cache.crop(kept)
+            else:
                 state.cache = SequenceCache()  # a new request in this row (or the same moved): from its prompt
             new, last, at = tokens[kept:-1], tokens[-1], len(tokens) - 1
             rows = Rows()
@@ -91,13 +87,13 @@ class SelfSpecProposer:
     """vLLM's custom speculative proposer (`custom_class`): our drafts for vLLM's verify."""
 
     def __init__(self, vllm_config):
-        from bdcore.loading import load_checkpoint
+        from bdcore.loading import DTYPES, load_checkpoint
         from bdcore.serving_gate import resolve
 
         model_config, k = vllm_config.model_config, vllm_config.speculative_config.num_speculative_tokens
         if k < 1:  # before the checkpoint loads (the gate would name our draft_len, k + 1)
             raise ValueError(f"num_speculative_tokens {k}: self-spec drafts at least one token")
-        dtype = DTYPES.get(model_config.dtype)
+        dtype = next((name for name, d in DTYPES.items() if d == model_config.dtype), None)
         if dtype is None:
             raise ValueError(f"self-spec drafts in bf16, fp16 or fp32; vLLM runs {model_config.dtype}")
         loaded = load_checkpoint(model_config.model, device="cpu", dtype=dtype)
