@@ -12,6 +12,7 @@ from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metri
 import bdcore.decode.runner as runner_module
 from bdcore.decode.compiled_step import CompiledModels, compile_works
 from bdcore.decode.config import DecodeConfig
+from bdcore.decode.packed_linear import is_packed, pack_linears, packing_works
 from bdcore.decode.rows import Forward, Rows
 from bdcore.decode.runner import ModelRunner
 from bdcore.decode.sampling import SamplingParams
@@ -128,6 +129,27 @@ def test_a_hybrid_model_decodes_eager_with_compile_on(monkeypatch):
     monkeypatch.setattr(CompiledModels, "__call__", lambda self, m: pytest.fail("a hybrid forward was compiled"))
     tokens, _ = greedy(runner, PROMPTS[:1], 2)
     assert len(tokens[0]) == len(PROMPTS[0]) + 2
+
+
+@pytest.mark.skipif(not packing_works(), reason="this CPU or torch build runs no packed bf16 linear")
+def test_a_compiled_step_over_packed_bf16_weights_computes_what_it_does_over_plain_ones(loaded):
+    """On a CPU with native bf16 the engine packs its bf16 linears (`packed_linear.py`); inductor cannot lower
+    oneDNN's linear over a weight it did not freeze itself (it asserted, and `--compile` stopped at start), so a
+    compiled step calls the packed matmul as an op of its own: the same logits, bit for bit, as the compiled step
+    over the plain weights (both bf16, so both differ from eager by the compile's own rounding)."""
+    import copy
+
+    plain = copy.deepcopy(loaded.model).to(torch.bfloat16)
+    packed = copy.deepcopy(plain)
+    assert pack_linears(packed) > 0 and not is_packed(plain)
+    runs = []
+    for model in (plain, packed):
+        runner = ModelRunner(model, banned=None)
+        runner.serving_only = True
+        runner.compile_decode()
+        runs.append(greedy(runner, PROMPTS[:2], 4))
+    (want, want_logits), (got, got_logits) = runs
+    assert got == want and all(torch.equal(a, b) for a, b in zip(got_logits, want_logits))
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,19 @@ def packing_works() -> bool:
         return False
 
 
+@torch.library.custom_op("bdstack::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """The packed matmul as an op of its own, for compiled forwards: inductor lowers oneDNN's linear only over
+    weights it froze itself (its lowering asserts the weight is a graph constant), so a compiled step calls this
+    one as it is instead."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x, packed, bias, out_features):
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
 class PackedLinear(torch.nn.Linear):
     """An `nn.Linear` (its class swapped in place by `pack_linears`) that runs inference on its packed weight."""
 
@@ -54,6 +67,10 @@ class PackedLinear(torch.nn.Linear):
             or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))  # the packed op has no backward
         ):
             return F.linear(x, w, self.bias)
+        if torch.compiler.is_compiling() and self._packed is not None:
+            # Only the serving engine compiles (compiled_step.py), and it never changes a weight: the pack made
+            # at load is the weight's (a version check here would break the graph at every linear).
+            return packed_linear(x, self._packed[2], self.bias, self.out_features)
         packed = self._packed
         if packed is None or packed[0] is not w or packed[1] != w._version:
             packed = self._packed = _pack(w)
