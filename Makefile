@@ -14,7 +14,7 @@ DEMO_DIR ?= runs/demo
 DEMO_ARCH ?= qwen3
 SMOKE_DIR ?= runs/smollm2
 
-.PHONY: venv test lint shake demo demo-rl smoke-smollm2 bench results sglang-contract sglang-cpu vllm-contract vllm-cpu clean
+.PHONY: venv test lint shake demo demo-rl smoke-smollm2 bench results sglang-contract sglang-cpu test-sglang-live vllm-contract vllm-cpu clean
 
 venv: $(STAMP)
 
@@ -98,10 +98,15 @@ sglang-contract: venv
 	tests/contracts/sglang/run.sh
 
 # SGLang 0.5.23's own CPU engine in .venv-sglang-live (never .venv), over torch 2.13.0+cpu with stand-ins for its
-# CUDA-only kernels and torchvision: stock SGLang serves causal there; our modes need changes not made yet
-# (docs/history/results-notebook.md, Session 54). About 3.5 minutes, 2.7 GB. Not part of `make test` or CI.
+# CUDA-only kernels and torchvision: stock SGLang serves causal there, our plugin diffusion and self-spec (its own
+# torch_native canvas attention). About 3.5 minutes, 2.7 GB. Not built by `make test` or CI.
 sglang-cpu:
 	bash benchmark/sglang_live/build_venv.sh
+
+# serve.py --backend sglang on that live CPU engine in causal, diffusion and self-spec, each held to the native
+# engine (tests/test_sglang_live.py; about 2.5 minutes on 2 cores). `make test` runs it too where the venv exists.
+test-sglang-live: venv sglang-cpu
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -o addopts="" -q tests/test_sglang_live.py
 
 # The vLLM backend against vLLM's own code, on CPU: 0.33.0 in its own .venv-vllm-contract (never .venv;
 # building it takes several minutes, about 3 GB) and 0.32.0, the CPU build in .venv-vllm-cpu (`make vllm-cpu`).

@@ -103,7 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"its previous reply (default {SERVER.header_timeout_s:g}; request bodies and replies are not timed)",
     )
     n = p.add_argument_group("native engine")
-    n.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    n.add_argument(
+        "--device",
+        default=None,
+        help="cpu, cuda, cuda:1 ... (default: cuda if available). With --backend sglang, cpu runs SGLang's own CPU "
+        "engine (`make sglang-cpu` builds it; torch_native attention with our canvas rule)",
+    )
     n.add_argument(
         "--dtype",
         default="auto",

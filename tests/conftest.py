@@ -193,3 +193,41 @@ def native_server(checkpoint, *, api_key=None, mode="self-spec", max_tokens=16):
     )
     with serve_app(app) as url:
         yield url, app
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def live_engine(cmd: list[str], env: dict, log: Path, url: str, *, name: str, deadline_s: float):
+    """A live engine's server (`cmd`, e.g. serve.py on SGLang or vLLM) in its own process group, its output in
+    `log`; yields once `url`/models answers, fails the test with the log's tail if it exits or `deadline_s`
+    passes first, and stops the whole group afterwards."""
+    import signal
+    import time
+    import urllib.request
+
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/models", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"{name} did not come up (status {proc.poll()}): {log.read_text()[-3000:]}")
+                time.sleep(2)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)

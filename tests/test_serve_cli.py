@@ -310,3 +310,28 @@ def test_serve_app_reports_a_port_it_cannot_listen_on(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         assert serve_app(app, host="127.0.0.1", port=taken.getsockname()[1]) is False
+
+
+def test_sglang_on_device_cpu_runs_its_cpu_engine_with_our_canvas_attention(capsys, tmp_path):
+    """serve.py --backend sglang --device cpu: SGLang's CPU engine (its environment variable, torch_native
+    attention, which our plugin gives the canvas rule) for our modes and stock causal; never Triton there; the
+    caller's own flags after `--` still come last; SGLang's dLLM families and other devices refused."""
+    from benchmark.tiny import tiny_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    tiny_checkpoint(ckpt)
+    for mode, launcher in (("diffusion", "inference.sglang_backend.launch"), ("causal", "sglang.launch_server")):
+        argv = [str(ckpt), "--mode", mode, "--backend", "sglang", "--device", "cpu", "--dry-run", "--", "--x", "1"]
+        assert serve.main(argv) == 0
+        cmd = capsys.readouterr().out.split()
+        assert cmd[:2] == ["env", "SGLANG_USE_CPU_ENGINE=1"] and cmd[3:5] == ["-m", launcher]
+        assert cmd[cmd.index("--device") + 1] == "cpu" and "--disable-cuda-graph" in cmd
+        assert cmd[cmd.index("--attention-backend") + 1] == "torch_native" and "triton" not in cmd
+        assert cmd[-2:] == ["--x", "1"]
+    assert serve.main([str(ckpt), "--mode", "diffusion", "--backend", "sglang", "--dry-run"]) == 0
+    cmd = capsys.readouterr().out.split()  # no device: SGLang's GPU default, Triton attention, no CPU engine
+    assert cmd[0] != "env" and cmd[cmd.index("--attention-backend") + 1] == "triton" and "--device" not in cmd
+    with pytest.raises(serve.ServeError, match="run on a GPU only"):
+        serve.main(["m", "--mode", "sdar", "--backend", "sglang", "--device", "cpu", "--dry-run"])
+    with pytest.raises(serve.ServeError, match="--device xpu"):
+        serve.main([str(ckpt), "--mode", "diffusion", "--backend", "sglang", "--device", "xpu", "--dry-run"])

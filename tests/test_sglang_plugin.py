@@ -225,7 +225,8 @@ def test_registered_class_decodes_like_causal(ckpt):
         SELF_SPEC, StandInAlgorithmBase, EmulatedAttention.set_attention, lambda c, a: decided.append(c)
     )
     assert cls.__name__ == SELF_SPEC and cls.requires_separate_context_encoding
-    assert cls.required_attention_backend == "triton"
+    assert cls.required_attention_backend == "triton"  # what SGLang forces where no listed backend is named
+    assert cls.supported_attention_backends == ("triton", "torch_native")  # torch_native: the CPU engine, ours
     cls.configure_server_args(None)
     assert decided == [cls]
     config = StandInDllmConfig(SELF_SPEC, settings.to_dict(), settings.block_size, settings.mask_id, 1)
@@ -281,11 +282,15 @@ def test_unsupported_request_features_are_named():
 
 def test_server_arg_decisions():
     fixed = {"disable_radix_cache": True, "chunked_prefill_size": -1}
-    assert plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=False, device="cuda")) == fixed
+    cuda = dict(device="cuda", attention_backend="triton")
+    assert plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=False, **cuda)) == fixed
     # SGLang 0.5.23's default (exec_.py: dllm_fdfo = True), e.g. under stock `sglang serve`
-    assert plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=True, device=None)) == fixed | {"dllm_fdfo": False}
-    with pytest.raises(plugin.PluginError, match="CUDA"):
-        plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=False, device="cpu"))
+    assert plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=True, **cuda)) == fixed | {"dllm_fdfo": False}
+    # the CPU engine only with our torch_native canvas (test_sglang_canvas_attention.py has every pair)
+    cpu = SimpleNamespace(dllm_fdfo=False, device="cpu", attention_backend="torch_native")
+    assert plugin.server_arg_decisions(cpu) == fixed
+    with pytest.raises(plugin.PluginError, match="need --attention-backend torch_native"):
+        plugin.server_arg_decisions(SimpleNamespace(dllm_fdfo=False, device="cpu", attention_backend="triton"))
 
 
 def test_end_of_turn_must_be_an_sglang_stop(ckpt, tmp_path, monkeypatch):

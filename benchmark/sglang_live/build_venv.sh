@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# `make sglang-cpu`: SGLang 0.5.23's own CPU engine in .venv-sglang-live (never .venv), a trial aid for issue 57
-# (docs/history/results-notebook.md, Session 54: causal served by stock SGLang; our diffusion and self-spec need
-# three start-up changes not in the repo yet). SGLang pins torch 2.14.1; it runs here over the project's
-# torch 2.13.0+cpu, installed first and held by a constraint. About 3.5 minutes with pip's cache warm, 2.7 GB.
+# `make sglang-cpu`: SGLang 0.5.23's own CPU engine in .venv-sglang-live (never .venv), issue 57: causal served by
+# stock SGLang, our diffusion and self-spec by the plugin with its own torch_native canvas attention
+# (inference/sglang_backend/README.md; tests/test_sglang_live.py). SGLang pins torch 2.14.1; it runs here over the
+# project's torch 2.13.0+cpu, installed first and held by a constraint. About 3.5 minutes with pip's cache warm, 2.7 GB.
 # Stand-ins go to $VENV/stubs (put it on PYTHONPATH): sgl_kernel.py (no CPU build of SGLang's kernels exists on
 # PyPI) and a placeholder torchvision without package metadata, which transformers then skips (SGLang imports it
 # only for multimodal configs).

@@ -36,6 +36,11 @@ SGLANG_PYTHON_ENV = "BDSTACK_SGLANG_PYTHON"
 SGLANG = Engine("sglang", "SGLang", SGLANG_PYTHON_ENV, stops_at="config.json / generation_config.json eos_token_id")
 LAUNCH_SERVER = "sglang.launch_server"
 BATCH_FLAG = "--max-running-requests"  # serve.py's --max-batch, for the dLLM modes and families
+# serve.py --device cpu: SGLang's own CPU engine (0.5.23: the environment variable turns it on; torch_native is its
+# attention, which our plugin gives the canvas rule, canvas_attention.py; no CUDA graphs). `make sglang-cpu` builds
+# the environment it runs in.
+CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE=1"
+CPU_ENGINE_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph")
 
 _NUMBER = (int, float)
 # Keys each SGLang algorithm reads from its config (sglang/srt/dllm/algorithm/*.py, 0.5.23), with accepted
@@ -221,13 +226,15 @@ def build_bdstack_command(
     extra_args: Sequence[str] = (),
     max_running_requests: int | None = None,
     served_model_name: str | None = None,
+    device: str | None = None,
 ) -> list[str]:
     """argv that runs SGLang with our algorithms registered; writes `settings` to `settings_path`.
 
-    The Triton attention backend is the one that honours per-layer bidirectional attention (the
-    algorithms' attention switch). SGLang 0.5.23 turns first-done-first-out rounds on by default; our
-    algorithms commit every round, so the command turns them off. `extra_args` come last so a caller
-    can override anything before them.
+    On a GPU the Triton attention backend is the one that honours per-layer bidirectional attention (the
+    algorithms' attention switch); on `device` cpu, SGLang's CPU engine with its torch_native backend, which our
+    plugin replaces with one that does (`cpu_engine`). SGLang 0.5.23 turns first-done-first-out rounds on by
+    default; our algorithms commit every round, so the command turns them off. `extra_args` come last so a
+    caller can override anything before them.
     """
     settings_path = Path(settings_path)
     settings_path.parent.mkdir(parents=True, exist_ok=True)
@@ -235,8 +242,16 @@ def build_bdstack_command(
     server = Server(python, host, port, api_key, served_model_name)
     cmd = server.head(BDSTACK_LAUNCHER, "--model-path", model)
     cmd += ["--dllm-algorithm", settings.algorithm, "--dllm-algorithm-config", str(settings_path)]
-    cmd += ["--attention-backend", "triton", "--no-dllm-fdfo"]
-    return cmd + server.flags(BATCH_FLAG, max_running_requests) + list(extra_args)
+    cmd += ["--no-dllm-fdfo"] + (["--attention-backend", "triton"] if device != "cpu" else [])
+    cmd += server.flags(BATCH_FLAG, max_running_requests) + list(extra_args)
+    return cpu_engine(cmd) if device == "cpu" else cmd
+
+
+def cpu_engine(cmd: list[str]) -> list[str]:
+    """`cmd` on SGLang's CPU engine: its environment variable set through `env` (so that --dry-run prints a
+    command that runs as printed) and its flags before the caller's, which may override them."""
+    at = cmd.index("--host")
+    return ["env", CPU_ENGINE_ENV, *cmd[:at], *CPU_ENGINE_FLAGS, *cmd[at:]]
 
 
 def command_from_args(args, extra: list[str]) -> list[str]:
@@ -245,16 +260,22 @@ def command_from_args(args, extra: list[str]) -> list[str]:
     after this returns). A setting the serving gate refuses is a ValueError saying why."""
     SGLANG.check_tree(args)
     server = Server.from_args(args, resolve_sglang_python(args.sglang_python))
+    device = getattr(args, "device", None)
+    if device not in (None, "cpu") and not device.startswith("cuda"):
+        raise ValueError(f"--device {device}: SGLang serves on cuda or, with its CPU engine, on cpu")
     if args.mode == "causal":  # a bdstack checkpoint is a stock HF model: plain SGLang serves it causally
         SGLANG.check_decode(args)
-        return build_causal_command(args.model, server, extra_args=extra)
+        cmd = build_causal_command(args.model, server, extra_args=extra)
+        return cpu_engine(cmd) if device == "cpu" else cmd
     # SGLang runs dLLM requests one at a time unless told how many may share a batch.
     where = asdict(server) | dict(max_running_requests=args.max_batch, extra_args=extra)
     if args.mode in FAMILIES:
+        if device == "cpu":
+            raise ValueError(f"--mode {args.mode} on --device cpu: SGLang's own dLLM families run on a GPU only")
         return build_sglang_command(args.model, family=args.mode, **where)
     settings = bdstack_settings(args.model, args.mode, **decode_flags(args))  # through the serving gate
     path = Path(tempfile.mkdtemp(prefix="bdstack-sglang-")) / f"{settings.algorithm}.yaml"
-    return build_bdstack_command(args.model, settings, path, **where)
+    return build_bdstack_command(args.model, settings, path, device=device, **where)
 
 
 def child_environment(base: dict | None = None) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from inference.sglang_backend.plugin import register
+from inference.sglang_backend.plugin import PluginError, register
 
 # Module level on purpose: SGLang starts its scheduler processes with the spawn method, which
 # re-imports this module (as __mp_main__) in each of them, so every process registers our algorithms.
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     server_args = prepare_server_args(sys.argv[1:] if argv is None else argv)
     try:
         run_server(server_args)
+    except PluginError as e:  # a setting we refuse (SGLang resolves its arguments in run_server): one line
+        sys.exit(f"inference.sglang_backend.launch: error: {e}")
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
 

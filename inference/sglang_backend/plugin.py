@@ -15,7 +15,10 @@ their stock architecture (e.g. Qwen3ForCausalLM), so `register()`:
    graphs off and no chunked prefill (our settings), for ordinary EXTEND (context passes, prompts)
    too, so the algorithms set the type before every forward; the first call also makes the model's
    LogitsProcessor return every canvas row's logits (`return_full_logits`);
-4. gives them their draft-adapter hook (`draft_router`): a checkpoint's draft adapter loaded into a LoRA
+4. on SGLang's CPU engine, replaces the `torch_native` attention backend with ours (`canvas_attention.py`): its
+   extend makes a DECODER_BIDIRECTIONAL layer attend the canvas both ways (SGLang's own attends it causally,
+   without an error), and refuses any forward where that mask cannot be expressed;
+5. gives them their draft-adapter hook (`draft_router`): a checkpoint's draft adapter loaded into a LoRA
    manager of SGLang's over the served model at the first forward (`draft_lora.py`), which the algorithms
    route per token to canvas rows.
 
@@ -122,12 +125,25 @@ def attention_switch(radix_attention_cls, attention_type):
                 raise PluginError("no LogitsProcessor in the served model: cannot return canvas logits")
             for head in heads:
                 head.return_full_logits = True
+            check_canvas_backend(model_runner)
             self._attention_layers = layers
         kind = attention_type.DECODER_BIDIRECTIONAL if bidirectional else attention_type.DECODER
         for layer in layers:
             layer.attn_type = kind
 
     return set_attention
+
+
+def check_canvas_backend(model_runner) -> None:
+    """Refuse SGLang's own torch_native backend (it would attend every canvas causally, without an error): on the
+    CPU engine the plugin's subclass must be the one running, however this process was started."""
+    backend = getattr(model_runner, "attn_backend", None)
+    for b in (backend, getattr(backend, "full_attn_backend", None)):  # a hybrid model's full-attention layers
+        if type(b).__name__ == "TorchNativeAttnBackend":
+            raise PluginError(
+                "SGLang's own torch_native attention would attend canvases causally, and bdstack's canvas backend "
+                "is not registered in this process (start SGLang through inference.sglang_backend.launch)"
+            )
 
 
 @contextlib.contextmanager
@@ -179,8 +195,10 @@ def make_algorithm_class(name: str, base_cls, set_attention, configure):
             "__init__": __init__,
             "__doc__": core.__doc__,
             "requires_separate_context_encoding": True,
+            # SGLang keeps a listed backend the user named, else forces the required one (Triton: CUDA);
+            # check_device_and_attention then holds each device to its own (torch_native on the CPU engine).
             "required_attention_backend": "triton",
-            "supported_attention_backends": ("triton",),
+            "supported_attention_backends": tuple(ATTENTION_BY_DEVICE.values()),
             "reuse_forward_metadata": False,
             "capture_input_preparation": False,
             "set_attention": set_attention,
@@ -215,6 +233,41 @@ def unsupported_request(req) -> str | None:
     return f"bdstack's diffusion/self-spec algorithms do not support {', '.join(bad)}; use --mode causal for these"
 
 
+# Where our canvases get their bidirectional mask: CUDA through SGLang's Triton backend (its own
+# DECODER_BIDIRECTIONAL extend), the CPU engine through our torch_native extend (canvas_attention.py). Every
+# other pair would attend a canvas causally, or fail later less clearly: refused at start.
+ATTENTION_BY_DEVICE = {"cuda": "triton", "cpu": "torch_native"}
+
+
+def check_device_and_attention(view) -> None:
+    """Refuse, in one line, a device we cannot serve or an attention backend that would not honour our canvas
+    mask there. A device SGLang has not resolved yet (None) is CUDA, its default on a GPU machine."""
+    device = getattr(view, "device", None) or "cuda"
+    want = ATTENTION_BY_DEVICE.get(device)
+    if want is None:
+        raise PluginError(
+            f"the bdstack SGLang algorithms run on CUDA (triton attention) or on SGLang's CPU engine (torch_native "
+            f"attention), not on --device {device}; use the native engine there"
+        )
+    fields = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+    got = {f: getattr(view, f, None) for f in fields}
+    if got["attention_backend"] != want or any(b not in (None, want) for b in got.values()):
+        named = ", ".join(f"--{f.replace('_', '-')} {b}" for f, b in got.items() if b not in (None, want)) or "none"
+        raise PluginError(
+            f"on --device {device} the bdstack SGLang algorithms need --attention-backend {want} (the backend "
+            f"whose canvas mask they set), and no other prefill/decode backend; got {named}"
+        )
+
+
+def _draft_adapter_named(config_path: str | None) -> bool:
+    """Whether our settings YAML at `config_path` names a draft adapter (False when there is none to read)."""
+    import yaml
+
+    if config_path is None or not Path(config_path).is_file():
+        return False
+    return bool((yaml.safe_load(Path(config_path).read_text()) or {}).get("draft_adapter"))
+
+
 def server_arg_decisions(view) -> dict:
     """Launch-time constraints: no radix cache (canvas tokens are not reusable KV), no chunked
     prefill (the seed is the context's last row), no CUDA graphs (the attention type changes per
@@ -222,8 +275,14 @@ def server_arg_decisions(view) -> dict:
     default; our DllmConfig never uses it, and the resolved flag is set off to say so."""
     if getattr(view, "enable_linear_replayssm", False):
         raise PluginError("--enable-linear-replayssm is not supported by the bdstack algorithms (state snapshots)")
-    if getattr(view, "device", "cuda") not in ("cuda", None):
-        raise PluginError("the bdstack SGLang algorithms run on CUDA; use the native engine elsewhere")
+    check_device_and_attention(view)
+    if getattr(view, "device", None) == "cpu" and _draft_adapter_named(getattr(view, "dllm_algorithm_config", None)):
+        # Tried once (2026-12-08): SGLang 0.5.23's LoRA layers allocate with pin_memory=True (lora/layers.py:475,
+        # sglang issue #31894), so the first request would crash the scheduler. Refused at start instead.
+        raise PluginError(
+            "draft adapters do not run on SGLang's CPU engine (its LoRA layers pin memory, which needs an "
+            "accelerator); serve this checkpoint with --backend native or --backend vllm on a CPU"
+        )
     decisions = {"disable_radix_cache": True, "chunked_prefill_size": -1}
     if getattr(view, "dllm_fdfo", False):
         logger.warning("--dllm-fdfo is ignored: the bdstack algorithms commit every round (--no-dllm-fdfo)")
@@ -271,4 +330,29 @@ def register() -> None:
         DllmConfig.from_server_args = staticmethod(
             wrap_config_factory(DllmConfig.from_server_args, DllmConfig, resolving_view)
         )
+    try:
+        register_canvas_attention(AttentionType, DllmConfig)
+    except ImportError as e:  # an SGLang without its model zoo (the contract check stubs its configs): no CPU
+        # engine can start there; and where one does, check_canvas_backend refuses SGLang's own torch_native
+        logger.info("bdstack: torch_native canvas attention not registered (%s)", e)
     _registered = True
+
+
+def register_canvas_attention(attention_type, dllm_config_cls) -> None:
+    """SGLang's CPU engine: `torch_native` in SGLang's attention registry becomes our backend with the canvas
+    rule (canvas_attention.py), so a DECODER_BIDIRECTIONAL layer is never attended causally. Causal layers take
+    SGLang's own path. Runs in every process `register()` runs in, the spawned scheduler included."""
+    from sglang.srt.layers.attention import attention_registry
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    from inference.sglang_backend.canvas_attention import canvas_backend_factory
+
+    if getattr(attention_registry.ATTENTION_BACKENDS.get("torch_native"), "bdstack", False):
+        return
+
+    def canvas_size(model_runner) -> int | None:
+        config = dllm_config_cls.from_server_args(model_runner.server_args)
+        return None if config is None else config.block_size
+
+    factory = canvas_backend_factory(TorchNativeAttnBackend, attention_type, canvas_size)
+    attention_registry.ATTENTION_BACKENDS["torch_native"] = factory
