@@ -58,14 +58,19 @@ def local_model_dir(model_path: str) -> Path:
     return Path(snapshot_download(model_path, allow_patterns=["*.json", "*.model", "*.txt", "*.jinja"]))
 
 
+def read_settings_yaml(config_path: str):
+    """The `--dllm-algorithm-config` file as SGLang reads it (`yaml.safe_load`): our settings' mapping, unchecked."""
+    import yaml
+
+    return yaml.safe_load(Path(config_path).read_text())
+
+
 def load_settings(model_path: str, algorithm: str, config_path: str | None) -> DecodeSettings:
     """Our algorithm's settings, checked against the checkpoint they are meant for: the serving gate decides
     whether SGLang serves them there (as serve.py's did when it wrote them), then the YAML must describe it."""
-    import yaml
-
     if config_path is None:
         raise PluginError(f"{algorithm} needs --dllm-algorithm-config (serve.py --backend sglang writes it for you)")
-    settings = DecodeSettings.from_dict(yaml.safe_load(Path(config_path).read_text()))
+    settings = DecodeSettings.from_dict(read_settings_yaml(config_path))
     if settings.algorithm != algorithm:
         raise PluginError(f"{config_path} is a {settings.algorithm} config, but --dllm-algorithm is {algorithm}")
     caps = read_capabilities(local_model_dir(model_path)) or Capabilities.from_sidecar(None)
@@ -261,11 +266,9 @@ def check_device_and_attention(view) -> None:
 
 def _draft_adapter_named(config_path: str | None) -> bool:
     """Whether our settings YAML at `config_path` names a draft adapter (False when there is none to read)."""
-    import yaml
-
     if config_path is None or not Path(config_path).is_file():
         return False
-    return bool((yaml.safe_load(Path(config_path).read_text()) or {}).get("draft_adapter"))
+    return bool((read_settings_yaml(config_path) or {}).get("draft_adapter"))
 
 
 def server_arg_decisions(view) -> dict:
